@@ -1,0 +1,120 @@
+"""The backend contract: the core decides which tokens run and which KV blocks they use; a backend
+computes logits for them, samples, and scores.
+
+A step is one `ModelInput`: for each scheduled sequence a run of new tokens (a prefill chunk, one
+decode token, or a decode token followed by draft tokens) at positions `start_pos..`, with the block
+table that holds its KV. The backend writes the new tokens' K/V into those blocks, attends over the
+whole context, and answers with one `SeqOutput` per entry, in order.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kipp_core.config import ModelConfig
+from kipp_core.sampling import SamplerState, TokenLogprob
+
+
+@dataclass
+class SeqInput:
+    seq_id: int
+    token_ids: list[int]  # new tokens; their KV goes to positions start_pos .. start_pos+len-1
+    start_pos: int  # tokens already in the KV cache (num_computed_tokens)
+    block_table: list[int]
+    # Sample the token after the last row. With `draft_token_ids` (the last k of token_ids) the
+    # backend verifies the drafts and returns the accepted tokens plus one more.
+    sampler: SamplerState | None = None
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: np.ndarray | None = None  # [k, vocab] from a draft model; None = deterministic
+    num_logprobs: int | None = None  # top-N alternatives for each sampled token
+    # Score rows: row i (of token_ids) predicts score_targets[i - score_start].
+    score_start: int = 0
+    score_targets: list[int] | None = None
+    num_score_logprobs: int = 0
+    return_logits: bool = False  # return the raw logits of every row (tests, `LLM.logits`)
+
+
+@dataclass
+class ModelInput:
+    seqs: list[SeqInput]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+
+@dataclass
+class SeqOutput:
+    token_ids: list[int] = field(default_factory=list)  # sampled (accepted drafts + one more)
+    logprobs: list[TokenLogprob] | None = None  # one per sampled token when num_logprobs is set
+    scores: list[TokenLogprob] | None = None  # one per score target
+    logits: np.ndarray | None = None  # [len(token_ids), vocab] float32 when return_logits
+
+
+@dataclass
+class BackendOptions:
+    """How to build a backend; each backend reads what applies to it."""
+
+    dtype: str | None = None  # "bfloat16" | "float16" | "float32" | "float64" (oracle)
+    block_size: int = 32
+    num_blocks: int | None = None  # explicit KV pool size; else from kv_cache_memory
+    kv_cache_memory: str | float | None = None  # "4GiB", "512MiB", or a fraction of free memory
+    quant: str | None = None  # "q8_0" | "affine4" | "affine8", applied at load
+    kv_quant: str | None = None  # "q8_0"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    enforce_eager: bool = False  # no CUDA graphs / mx.compile
+    tensor_parallel: int = 1
+    device: str | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from a backend. `num_blocks` x `block_size` tokens of KV."""
+
+    config: ModelConfig
+    block_size: int
+    num_blocks: int
+
+    def execute(self, batch: ModelInput) -> list[SeqOutput]: ...
+
+
+BACKENDS = {
+    "oracle": "oracle.backend:OracleBackend",
+    "cuda": "kipp_cuda.backend:CudaBackend",
+    "mlx": "kipp_mlx.backend:MlxBackend",
+}
+
+
+def default_backend() -> str:
+    """MLX on Apple silicon, CUDA where a GPU is visible, else the numpy oracle."""
+    import platform
+    import sys
+
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        if importlib.util.find_spec("mlx") is not None:
+            return "mlx"
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+    return "oracle"
+
+
+def backend_class(name: str):
+    if name == "auto":
+        name = default_backend()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of auto, {', '.join(BACKENDS)}")
+    module, cls = BACKENDS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as e:
+        extra = {"cuda": "cuda", "mlx": "mlx"}.get(name)
+        hint = f" (pip install -e '.[{extra}]')" if extra else ""
+        raise ValueError(f"backend {name!r} is not available: {e}{hint}") from None

@@ -1,0 +1,119 @@
+"""Shared CLI pieces: the argument parser that exits 2 with one line, and the model options."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+class UsageError(Exception):
+    """A bad argument or input: printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage plus the error; we want one line
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def add_model_args(p: argparse.ArgumentParser, backend_default: str = "auto") -> None:
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        "-m",
+        default="kipp-tiny",
+        help="a local directory, a registry name (kipp models), a Hugging Face repo id, "
+        "or kipp-tiny (default)",
+    )
+    g.add_argument(
+        "--backend",
+        "-b",
+        default=backend_default,
+        choices=["auto", "oracle", "cuda", "mlx"],
+        help="auto = mlx on Apple silicon, cuda with a GPU, else the numpy oracle",
+    )
+    g.add_argument(
+        "--dtype",
+        default=None,
+        help="bfloat16 | float16 | float32 (float64 on the oracle); default: the "
+        "backend's (bfloat16 on GPUs, float32 on the oracle)",
+    )
+    g.add_argument(
+        "--quant",
+        default=None,
+        choices=["q8_0", "affine4", "affine8"],
+        help="quantize weights at load",
+    )
+    g.add_argument("--kv-quant", default=None, choices=["q8_0"], help="quantized KV cache")
+    g.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        help="KV cache budget: '8GiB', '512MiB' or a fraction of free memory ('0.3')",
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="context limit (tokens)")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences per step")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="token budget of one step (chunked prefill)",
+    )
+    g.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / mx.compile")
+    g.add_argument(
+        "--tensor-parallel",
+        "-tp",
+        type=int,
+        default=1,
+        help="GPUs to split the model over (cuda backend)",
+    )
+    g.add_argument(
+        "--speculative",
+        default=None,
+        choices=["ngram", "draft"],
+        help="speculative decoding: prompt lookup or a draft model",
+    )
+    g.add_argument("--speculative-model", default=None, help="the draft model")
+    g.add_argument("--num-speculative-tokens", type=int, default=4)
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def parse_kv_memory(value):
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def load_llm(args):
+    from kipp_core.llm import LLM
+
+    return LLM(
+        args.model,
+        backend=args.backend,
+        dtype=args.dtype,
+        quant=args.quant,
+        kv_quant=args.kv_quant,
+        kv_cache_memory=parse_kv_memory(args.kv_cache_memory),
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_cache,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel=args.tensor_parallel,
+        speculative=args.speculative,
+        speculative_model=args.speculative_model,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="kipp: %(message)s",
+    )
+    for noisy in ("httpx", "huggingface_hub", "filelock", "urllib3", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

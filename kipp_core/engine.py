@@ -1,0 +1,420 @@
+"""The engine loop: admit requests, schedule a step, run it on the backend, turn tokens into text.
+
+    scheduled = scheduler.schedule()
+    outputs = backend.execute(model_input(scheduled))
+    postprocess(scheduled, outputs)
+
+Single-threaded: the server drives it from one worker thread (kipp_core.server.async_engine).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from kipp_core.backend import Backend, ModelInput, SeqInput, SeqOutput
+from kipp_core.block_manager import BlockManager
+from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kipp_core.sampling import SamplerState, SamplingParams
+from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
+from kipp_core.sequence import SeqStatus, Sequence
+from kipp_core.stop import StopMatcher
+from kipp_core.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger("kipp")
+
+
+@dataclass
+class EngineConfig:
+    max_model_len: int | None = None  # defaults to the model's context length
+    enable_prefix_caching: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: object | None = None  # a kipp_core.spec_decode.SpecConfig
+
+
+@dataclass
+class _SeqState:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    stop: StopMatcher
+    text: str = ""
+    delta_text: str = ""
+    delta_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list = field(default_factory=list)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    states: list[_SeqState]
+    metrics: RequestMetrics
+    prompt: str | None = None
+    score_only: bool = False
+    reported_finished: bool = False
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        stop_token_ids: tuple[int, ...],
+        config: EngineConfig | None = None,
+    ):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.model_config = backend.config
+        self.config = config or EngineConfig()
+        self.eos_token_ids = tuple(stop_token_ids)
+        ctx = self.model_config.max_position_embeddings
+        self.max_model_len = min(self.config.max_model_len or ctx, ctx)
+        self.block_manager = BlockManager(
+            backend.num_blocks, backend.block_size, self.config.enable_prefix_caching
+        )
+        capacity = backend.num_blocks * backend.block_size
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({backend.num_blocks} blocks of "
+                f"{backend.block_size}), less than one full-context request of "
+                f"{self.max_model_len} "
+                f"tokens; raise the KV budget or lower max_model_len"
+            )
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
+        self.requests: dict[str, _Request] = {}
+        self._seq_counter = 0
+        self.spec = None
+        if self.config.speculative is not None:
+            from kipp_core.spec_decode import SpecDecoder
+
+            self.spec = SpecDecoder(self.config.speculative, self)
+        self.stats = EngineCounters()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+        score_only: bool = False,
+    ) -> None:
+        """Queue a request. ValueError for bad input, QueueFullError when the queue is full."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        ids = self.validate_prompt(prompt_token_ids, params)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        metrics = RequestMetrics(arrival_time or time.monotonic(), num_prompt_tokens=len(ids))
+        states = []
+        for i in range(params.n):
+            self._seq_counter += 1
+            seq = Sequence(
+                self._seq_counter,
+                request_id,
+                list(ids),
+                params,
+                seed,
+                stream=i,
+                arrival_time=metrics.arrival_time,
+            )
+            if params.prompt_logprobs is not None:
+                seq.prompt_logprobs = [None]
+            seq.spec_enabled = self.spec is not None and not score_only
+            states.append(
+                _SeqState(
+                    seq,
+                    self.tokenizer.detokenizer(params.skip_special_tokens),
+                    StopMatcher(params.stop_strings, params.include_stop_str_in_output),
+                )
+            )
+        added = []
+        try:
+            for st in states:
+                self.scheduler.add(st.seq)
+                added.append(st.seq)
+        except Exception:
+            for s in added:
+                self.scheduler.finish(s, "abort")
+            raise
+        self.requests[request_id] = _Request(
+            request_id, list(ids), params, states, metrics, prompt, score_only
+        )
+
+    def validate_prompt(self, prompt_token_ids, params: SamplingParams) -> list[int]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(
+                    f"prompt token id {t!r} is outside the vocabulary (0..{vocab - 1})"
+                )
+        n, limit = len(ids), self.max_model_len
+        if n >= limit:
+            raise ValueError(
+                f"prompt has {n} tokens, but the context holds {limit} "
+                "(the prompt plus at least one generated token)"
+            )
+        if params.max_tokens is not None and n + params.max_tokens > limit:
+            raise ValueError(
+                f"prompt ({n} tokens) plus max_tokens ({params.max_tokens}) is "
+                f"{n + params.max_tokens}, more than the context of {limit} tokens"
+            )
+        return ids
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks. Returns False if it is unknown or done."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        for st in req.states:
+            if not st.seq.is_finished:
+                self._finish(st, "abort")
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        drafts = self.spec.propose(self.scheduler.running) if self.spec else None
+        scheduled = self.scheduler.schedule(
+            {k: v[0] for k, v in drafts.items()} if drafts else None
+        )
+        if scheduled:
+            batch = ModelInput([self._seq_input(s, drafts) for s in scheduled])
+            t0 = time.perf_counter()
+            outs = self.backend.execute(batch)
+            self.stats.record_step(batch, time.perf_counter() - t0)
+            assert len(outs) == len(scheduled)
+            now = time.monotonic()
+            for s, out in zip(scheduled, outs):
+                self._postprocess(s, out, now)
+        return self._collect_outputs()
+
+    def _seq_input(self, s: ScheduledSeq, drafts) -> SeqInput:
+        seq = s.seq
+        start = seq.num_computed_tokens
+        n_real = s.num_new_tokens - len(s.draft_token_ids)
+        tokens = [seq.token_at(i) for i in range(start, start + n_real)] + s.draft_token_ids
+        inp = SeqInput(seq.seq_id, tokens, start, list(seq.block_table))
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        req = self.requests[seq.request_id]
+        p = seq.params
+        # Prompt logprobs: row j (position start + j) predicts the prompt token at start + j + 1.
+        if p.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+            end = min(start + n_real + 1, seq.num_prompt_tokens)
+            if end > start + 1:
+                inp.score_targets = seq.prompt_token_ids[start + 1 : end]
+                inp.num_score_logprobs = p.prompt_logprobs
+        if s.samples and not req.score_only:
+            inp.sampler = SamplerState(
+                p,
+                seq.seed,
+                seq.stream,
+                seq.prompt_token_ids,
+                seq.output_token_ids,
+                self._stop_ids(p),
+            )
+            inp.num_logprobs = p.logprobs
+            if s.draft_token_ids:
+                inp.draft_token_ids = list(s.draft_token_ids)
+                inp.draft_probs = drafts[seq.seq_id][1]
+        return inp
+
+    def _stop_ids(self, p: SamplingParams) -> tuple[int, ...]:
+        extra = tuple(p.stop_token_ids or ())
+        return extra if p.ignore_eos else self.eos_token_ids + extra
+
+    def _postprocess(self, s: ScheduledSeq, out: SeqOutput, now: float) -> None:
+        seq = s.seq
+        if seq.status is not SeqStatus.RUNNING:
+            return
+        req = self.requests[seq.request_id]
+        st = req.states[seq.stream]
+        if out.scores:
+            seq.prompt_logprobs.extend(out.scores)
+        seq.num_computed_tokens += s.num_new_tokens - len(s.draft_token_ids)
+        if not s.samples:
+            self.block_manager.publish(seq)
+            return
+        if req.score_only:
+            self.block_manager.publish(seq)
+            self._finish(st, "length")
+            return
+        if s.draft_token_ids and self.spec:
+            self.spec.record(seq, len(s.draft_token_ids), len(out.token_ids) - 1)
+        # Accepted draft tokens were computed this step too; the last sampled one was not.
+        seq.num_computed_tokens += len(out.token_ids) - 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+        self.block_manager.publish(seq)
+        for i, tok in enumerate(out.token_ids):
+            seq.output_token_ids.append(tok)
+            st.delta_ids.append(tok)
+            if out.logprobs is not None:
+                seq.logprobs.append(out.logprobs[i])
+                st.delta_logprobs.append(out.logprobs[i])
+            reason = self._check_stop(st, tok)
+            if reason:
+                self._finish(st, reason)
+                break
+
+    def _check_stop(self, st: _SeqState, tok: int) -> str | None:
+        seq, p = st.seq, st.seq.params
+        if tok in self._stop_ids(p) and len(seq.output_token_ids) > p.min_tokens:
+            seq.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
+            return "stop"
+        emitted, stopped = st.stop.feed(st.detok.add(tok))
+        st.text += emitted
+        st.delta_text += emitted
+        if stopped:
+            seq.stop_reason = st.stop.matched
+            return "stop"
+        if p.max_tokens is not None and len(seq.output_token_ids) >= p.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, st: _SeqState, reason: str) -> None:
+        seq = st.seq
+        if reason != "abort" and not st.stop.stopped:
+            tail = st.stop.feed(st.detok.flush())[0] + st.stop.flush()
+            st.text += tail
+            st.delta_text += tail
+        self.scheduler.finish(seq, reason)
+        if self.spec is not None:
+            self.spec.release(seq)
+        seq.finished_time = time.monotonic()
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        results = []
+        for rid, req in list(self.requests.items()):
+            changed = any(st.delta_ids or st.delta_text for st in req.states)
+            done = all(st.seq.is_finished for st in req.states)
+            if not changed and not done:
+                continue
+            results.append(self._request_output(req, done))
+            for st in req.states:
+                st.delta_text, st.delta_ids, st.delta_logprobs = "", [], []
+            if done:
+                del self.requests[rid]
+                self.stats.record_finished(req)
+        return results
+
+    def _request_output(self, req: _Request, done: bool) -> RequestOutput:
+        m = req.metrics
+        seqs = [st.seq for st in req.states]
+        m.first_scheduled_time = min(
+            (s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None),
+            default=None,
+        )
+        m.num_output_tokens = sum(len(s.output_token_ids) for s in seqs)
+        m.num_cached_tokens = max(s.num_cached_tokens for s in seqs)
+        if done:
+            m.finished_time = max(s.finished_time or time.monotonic() for s in seqs)
+        outs = []
+        for st in req.states:
+            s = st.seq
+            outs.append(
+                CompletionOutput(
+                    index=s.stream,
+                    text=st.text,
+                    token_ids=list(s.output_token_ids),
+                    logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
+                    finish_reason=s.finish_reason,
+                    stop_reason=s.stop_reason,
+                    text_delta=st.delta_text,
+                    token_ids_delta=list(st.delta_ids),
+                    logprobs_delta=list(st.delta_logprobs),
+                )
+            )
+        plp = seqs[0].prompt_logprobs if req.params.prompt_logprobs is not None else None
+        return RequestOutput(
+            req.request_id,
+            req.prompt_token_ids,
+            outs,
+            done,
+            m,
+            req.prompt,
+            list(plp) if plp is not None else None,
+        )
+
+    # -- direct use -------------------------------------------------------------------------------
+
+    def logits(self, token_ids: list[int]):
+        """Raw logits [len(token_ids), vocab] of one sequence, run outside the scheduler."""
+        import numpy as np
+
+        ids = self.validate_prompt(token_ids, SamplingParams(max_tokens=1))
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("logits() needs an idle engine")
+        self._seq_counter += 1
+        seq = Sequence(self._seq_counter, "__logits__", ids, SamplingParams(), 0)
+        chunk = self.config.scheduler.max_num_batched_tokens
+        rows = []
+        try:
+            for start in range(0, len(ids), chunk):
+                part = ids[start : start + chunk]
+                if not self.block_manager.allocate(seq, start + len(part)):
+                    raise RuntimeError("not enough KV blocks for logits()")
+                inp = SeqInput(seq.seq_id, part, start, list(seq.block_table), return_logits=True)
+                rows.append(self.backend.execute(ModelInput([inp]))[0].logits)
+        finally:
+            self.block_manager.free(seq)
+        return np.concatenate(rows, axis=0)
+
+    def metrics(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_blocks_total": bm.num_blocks,
+            "prefix_cache_hit_tokens": bm.hit_tokens,
+            "prefix_cache_query_tokens": bm.query_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+            **self.stats.as_dict(),
+        }
+
+
+@dataclass
+class EngineCounters:
+    steps: int = 0
+    tokens_computed: int = 0  # tokens run through the model (prefill, decode and drafts)
+    generation_tokens: int = 0
+    requests_finished: dict = field(default_factory=dict)  # finish_reason -> count
+    busy_seconds: float = 0.0
+
+    def record_step(self, batch: ModelInput, seconds: float) -> None:
+        self.steps += 1
+        self.busy_seconds += seconds
+        self.tokens_computed += batch.num_tokens
+
+    def record_finished(self, req: _Request) -> None:
+        for st in req.states:
+            r = st.seq.finish_reason or "abort"
+            self.requests_finished[r] = self.requests_finished.get(r, 0) + 1
+            self.generation_tokens += len(st.seq.output_token_ids)
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "tokens_computed": self.tokens_computed,
+            "generation_tokens": self.generation_tokens,
+            "requests_finished": dict(self.requests_finished),
+        }

@@ -1,0 +1,219 @@
+"""`LLM`: the offline Python API over the engine, shared by tests, the CLI and every backend."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from collections.abc import Sequence as SequenceABC
+
+from kipp_core.backend import BackendOptions, backend_class, default_backend
+from kipp_core.checkpoint import Checkpoint
+from kipp_core.engine import EngineConfig, LLMEngine
+from kipp_core.outputs import RequestOutput
+from kipp_core.resolve import DEFAULT_MODEL, resolve_model
+from kipp_core.sampling import SamplingParams, TokenLogprob
+from kipp_core.scheduler import SchedulerConfig
+from kipp_core.tokenizer import Tokenizer
+
+log = logging.getLogger("kipp")
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Load a checkpoint on a backend and generate.
+
+    >>> llm = LLM("kipp-tiny")
+    >>> out = llm.generate(["Write a haiku about the sea"], SamplingParams(max_tokens=32))
+    >>> out[0].text, out[0].token_ids, out[0].finish_reason
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        backend: str = "oracle",
+        dtype: str | None = None,
+        *,
+        block_size: int = 32,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: str | float | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_waiting: int = 4096,
+        enable_prefix_caching: bool = True,
+        quant: str | None = None,
+        kv_quant: str | None = None,
+        enforce_eager: bool = False,
+        tensor_parallel: int = 1,
+        speculative: str | None = None,
+        speculative_model: str | None = None,
+        num_speculative_tokens: int = 4,
+    ):
+        path, entry = resolve_model(model)
+        self.checkpoint = Checkpoint(path, entry)
+        self.config = self.checkpoint.config
+        self.tokenizer = Tokenizer(path)
+        self.backend_name = default_backend() if backend == "auto" else backend
+        self.options = BackendOptions(
+            dtype=dtype,
+            block_size=block_size,
+            num_blocks=num_kv_blocks,
+            kv_cache_memory=kv_cache_memory,
+            quant=quant,
+            kv_quant=kv_quant,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            tensor_parallel=tensor_parallel,
+        )
+        cls = backend_class(self.backend_name)
+        self.backend = cls(self.checkpoint, self.options)
+        spec = None
+        if speculative or speculative_model:
+            from kipp_core.spec_decode import SpecConfig
+
+            draft = None
+            if speculative_model:
+                dpath, dentry = resolve_model(speculative_model)
+                dck = Checkpoint(dpath, dentry)
+                if dck.config.vocab_size != self.config.vocab_size:
+                    raise ValueError(
+                        f"draft model vocab_size {dck.config.vocab_size} differs from the target's "
+                        f"{self.config.vocab_size}: speculation needs the same tokenizer"
+                    )
+                draft = cls(dck, self.options)
+            spec = SpecConfig(
+                method="draft" if draft is not None else (speculative or "ngram"),
+                num_speculative_tokens=num_speculative_tokens,
+                draft_backend=draft,
+            )
+        self.engine = LLMEngine(
+            self.backend,
+            self.tokenizer,
+            self.checkpoint.stop_token_ids(),
+            EngineConfig(
+                max_model_len=max_model_len,
+                enable_prefix_caching=enable_prefix_caching,
+                scheduler=SchedulerConfig(
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    max_waiting=max_waiting,
+                ),
+                speculative=spec,
+            ),
+        )
+
+    @property
+    def registry_entry(self):
+        return self.checkpoint.entry
+
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        """The checkpoint's generation_config.json defaults (temperature, top_p, top_k)."""
+        g = self.checkpoint.generation_config
+        kw = {}
+        if g.get("do_sample", True) is False:
+            kw["temperature"] = 0.0
+        else:
+            for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+                if isinstance(g.get(k), (int, float)) and not isinstance(g.get(k), bool):
+                    kw[k] = g[k]
+        kw.update(overrides)
+        return SamplingParams(**kw)
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, SequenceABC) and not isinstance(prompt, (bytes, bytearray)):
+            return list(prompt)
+        raise ValueError(
+            f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+        )
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (a string or token ids); outputs come back in prompt order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None:
+            params = SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.encode_prompt(p) for p in prompts]
+        for i, (t, p) in enumerate(zip(ids, plist)):  # validate all before queueing any
+            try:
+                self.engine.validate_prompt(t, p)
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+        return self._run(
+            [
+                (t, p, pr if isinstance(pr, str) else None, False)
+                for t, p, pr in zip(ids, plist, prompts)
+            ],
+            use_tqdm,
+        )
+
+    def score(
+        self,
+        prompt_token_ids: list[list[int]] | list[int],
+        top_n: int = 0,
+        use_tqdm: bool | None = None,
+    ) -> list[list[TokenLogprob | None]]:
+        """Each prompt token's logprob given the tokens before it (the first is None), with the
+        top-N alternatives, computed in batches."""
+        if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+            prompt_token_ids = [prompt_token_ids]
+        p = SamplingParams(max_tokens=1, prompt_logprobs=top_n)
+        outs = self._run([(list(t), p, None, True) for t in prompt_token_ids], use_tqdm)
+        return [o.prompt_logprobs for o in outs]
+
+    def logits(self, token_ids: list[int]):
+        """Raw logits of every position, float32 [len(token_ids), vocab_size]."""
+        return self.engine.logits(self.encode_prompt(token_ids))
+
+    def _run(self, items, use_tqdm) -> list[RequestOutput]:
+        engine = self.engine
+        order = []
+        results: dict[str, RequestOutput] = {}
+        pending = list(items)
+        if use_tqdm is None:
+            use_tqdm = len(items) >= 16 and sys.stderr.isatty()
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(items), desc="requests", unit="req", dynamic_ncols=True)
+        try:
+            while pending or engine.has_unfinished_requests():
+                # Keep the waiting queue fed without overfilling it.
+                room = engine.config.scheduler.max_waiting - len(engine.scheduler.waiting)
+                while pending and room > 0:
+                    ids, p, prompt, score_only = pending.pop(0)
+                    rid = uuid.uuid4().hex
+                    engine.add_request(rid, ids, p, prompt=prompt, score_only=score_only)
+                    order.append(rid)
+                    room -= p.n
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in order:
+                if rid not in results:
+                    engine.abort_request(rid)
+            engine.step()  # report and drop the aborted requests
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[r] for r in order]
