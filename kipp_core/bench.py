@@ -1,0 +1,418 @@
+"""Benchmarks through `LLM`, the same on every backend: prefill and decode tok/s, time to first
+token, offline throughput, prefix-cache and multi-turn chat TTFT, peak memory. Results are plain
+dicts, written as JSON and as a markdown table by `kipp bench`.
+
+Prompts are random token ids from the ordinary vocabulary, fresh for every measurement, so the
+prefix cache never serves a measurement that is meant to compute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kipp_core.sampling import SamplingParams
+
+MAX_ORDINARY_ID = 151643  # ids below <|endoftext|> are plain text tokens
+
+
+@dataclass
+class BenchSpec:
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    prompt_len: int = 512
+    gen_len: int = 128
+    warmup: bool = True  # run every shape once before timing it (JIT, graph capture, autotune)
+    num_requests: int = 0  # offline throughput requests (0 skips it); vLLM uses 256 ...
+    min_len: int = 100  # ... with prompt and output lengths uniform in [100, 1024]
+    max_len: int = 1024
+    prefix_len: int = 0  # prefix-cache cold/warm TTFT at this prompt length (0 skips it)
+    chat_turns: int = 0  # multi-turn chat TTFT (0 skips it)
+    seed: int = 0
+
+
+def random_prompts(n: int, length: int, rng: np.random.Generator) -> list[list[int]]:
+    return rng.integers(0, MAX_ORDINARY_ID, size=(n, length)).tolist()
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def measure_prefill(llm, prompt_len: int, batch_size: int, rng) -> dict:
+    """B prompts of P tokens, one output token each: prefill tok/s and the mean TTFT."""
+    prompts = random_prompts(batch_size, prompt_len, rng)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, _greedy(1), use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    return {
+        "prefill_tok_s": batch_size * prompt_len / seconds,
+        "ttft_s": float(np.mean([o.metrics.ttft for o in outs])),
+        "prefill_s": seconds,
+    }
+
+
+def measure_decode(llm, batch_size: int, prompt_len: int, gen_len: int, rng) -> dict:
+    """B requests of G tokens; decode tok/s counts the tokens made after every request has its
+    first one, over the time since then."""
+    engine = llm.engine
+    ids = [uuid.uuid4().hex for _ in range(batch_size)]
+    for rid, p in zip(ids, random_prompts(batch_size, prompt_len, rng)):
+        engine.add_request(rid, p, _greedy(gen_len))
+    counts = dict.fromkeys(ids, 0)
+    t1 = None
+    made_at_t1 = steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            counts[out.request_id] = len(out.outputs[0].token_ids)
+        if t1 is None:
+            if min(counts.values()) > 0:
+                t1, made_at_t1 = time.perf_counter(), sum(counts.values())
+        else:
+            steps += 1
+    seconds = time.perf_counter() - t1
+    made = sum(counts.values()) - made_at_t1
+    return {
+        "decode_tok_s": made / seconds if seconds > 0 else float("nan"),
+        "decode_step_ms": 1000 * seconds / max(steps, 1),
+        "decode_tokens": made,
+    }
+
+
+def measure_throughput(llm, num_requests: int, min_len: int, max_len: int, rng) -> dict:
+    """vLLM's benchmark_throughput: N requests with random prompt and output lengths at once."""
+    lens = rng.integers(min_len, max_len + 1, size=(num_requests, 2))
+    prompts = [random_prompts(1, int(p), rng)[0] for p, _ in lens]
+    params = [_greedy(int(g)) for _, g in lens]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    total = out_tokens + int(lens[:, 0].sum())
+    return {
+        "num_requests": num_requests,
+        "requests_s": num_requests / seconds,
+        "total_tok_s": total / seconds,
+        "output_tok_s": out_tokens / seconds,
+        "seconds": seconds,
+    }
+
+
+def measure_prefix_cache(llm, prompt_len: int, rng) -> dict:
+    """TTFT of one long prompt computed cold, then again served by the prefix cache."""
+    prompt = random_prompts(1, prompt_len, rng)[0]
+    cold = llm.generate([prompt], _greedy(1), use_tqdm=False)[0].metrics
+    warm = llm.generate([prompt], _greedy(1), use_tqdm=False)[0].metrics
+    return {
+        "prompt_len": prompt_len,
+        "cold_ttft_s": cold.ttft,
+        "warm_ttft_s": warm.ttft,
+        "warm_cached_tokens": warm.num_cached_tokens,
+        "speedup": cold.ttft / warm.ttft,
+    }
+
+
+def cold_ttft(llm, prompt_token_ids: list[int]) -> float:
+    """TTFT of a prompt computed in full, with the prefix cache off (and left untouched)."""
+    bm = llm.engine.block_manager
+    was, bm.enable_prefix_caching = bm.enable_prefix_caching, False
+    try:
+        return llm.generate([prompt_token_ids], _greedy(1), use_tqdm=False)[0].metrics.ttft
+    finally:
+        bm.enable_prefix_caching = was
+
+
+def measure_chat_turns(
+    llm, num_turns: int, user_words: int = 40, reply_len: int = 64, seed: int = 0
+) -> list[dict]:
+    """`kipp chat` turns: per turn the history length, the tokens the prefix cache served, the
+    TTFT, and the TTFT of computing the same prompt in full (what re-rendering would cost)."""
+    from kipp_core.cli.chat import ChatSession
+
+    rng = np.random.default_rng(seed)
+    words = ["sea", "stone", "light", "river", "green", "window", "paper", "north", "salt"]
+    session = ChatSession(
+        llm, enable_thinking=False, max_tokens=reply_len, temperature=0.0, ignore_eos=True
+    )
+    rows = []
+    for i in range(num_turns):
+        user = " ".join(rng.choice(words, size=user_words))
+        cold = cold_ttft(llm, session.prompt_token_ids(user))
+        m = session.turn(user).metrics
+        rows.append(
+            {
+                "turn": i + 1,
+                "history_tokens": m.num_prompt_tokens,
+                "cached_tokens": m.num_cached_tokens,
+                "computed_tokens": m.num_prompt_tokens - m.num_cached_tokens,
+                "ttft_s": m.ttft,
+                "full_prompt_ttft_s": cold,
+            }
+        )
+    return rows
+
+
+def peak_memory(llm) -> dict:
+    """Peak device memory on cuda/mlx; the process's peak RSS otherwise."""
+    if llm.backend_name == "cuda":
+        import torch
+
+        return {"peak_memory_bytes": int(torch.cuda.max_memory_allocated()), "kind": "cuda"}
+    if llm.backend_name == "mlx":
+        import mlx.core as mx
+
+        return {"peak_memory_bytes": int(mx.get_peak_memory()), "kind": "mlx"}
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_memory_bytes": rss if sys.platform == "darwin" else rss * 1024, "kind": "rss"}
+
+
+def hardware() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+
+
+def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
+    """Every measurement of `spec` on `llm`; returns the result dict that `to_markdown` shows."""
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(spec.seed)
+    parts = [bool(spec.num_requests), bool(spec.prefix_len), bool(spec.chat_turns)]
+    bar = tqdm(total=len(spec.batch_sizes) + sum(parts), desc="bench", disable=None, leave=False)
+    rows = []
+    for b in spec.batch_sizes:
+        for _ in range(2 if spec.warmup else 1):  # the last run counts
+            pre = measure_prefill(llm, spec.prompt_len, b, rng)
+            dec = measure_decode(llm, b, spec.prompt_len, spec.gen_len, rng)
+        rows.append(
+            {"batch_size": b, "prompt_len": spec.prompt_len, "gen_len": spec.gen_len, **pre, **dec}
+        )
+        bar.update()
+        log(
+            f"batch {b}: prefill {pre['prefill_tok_s']:.1f} tok/s, decode "
+            f"{dec['decode_tok_s']:.1f} tok/s, ttft {pre['ttft_s'] * 1000:.1f} ms"
+        )
+    result = {"spec": asdict(spec), "rows": rows}
+    if spec.num_requests:
+        result["throughput"] = measure_throughput(
+            llm, spec.num_requests, spec.min_len, spec.max_len, rng
+        )
+        bar.update()
+    if spec.prefix_len:
+        result["prefix_cache"] = measure_prefix_cache(llm, spec.prefix_len, rng)
+        bar.update()
+    if spec.chat_turns:
+        result["chat"] = measure_chat_turns(llm, spec.chat_turns, seed=spec.seed)
+        bar.update()
+    bar.close()
+    result["memory"] = peak_memory(llm)
+    return result
+
+
+# -- peers --------------------------------------------------------------------------------------
+
+# Peer engines measured in the same run: module -> the backend whose device they share. Each module
+# has `measure(model_path, *, batch_sizes, prompt_len, gen_len, dtype, seed) -> dict` with "name",
+# "version" and "rows" of {batch_size, prefill_tok_s, decode_tok_s, ttft_s}.
+PEERS = {"transformers": "kipp_cuda.peer", "mlx-lm": "kipp_mlx.peer"}
+
+
+def run_peer(name: str, model_path, spec: BenchSpec, dtype: str | None, device: str) -> dict:
+    """Measure one peer; {"name", "skipped": reason} when it is not installed or has no helper."""
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}: choose from {', '.join(PEERS)}")
+    pkg = {"transformers": "transformers", "mlx-lm": "mlx_lm"}[name]
+    if importlib.util.find_spec(pkg) is None:
+        return {"name": name, "skipped": f"{pkg} is not installed"}
+    try:
+        module = importlib.import_module(PEERS[name])
+    except ImportError as e:
+        return {"name": name, "skipped": f"{PEERS[name]} cannot be imported: {e}"}
+    kw = dict(
+        batch_sizes=spec.batch_sizes,
+        prompt_len=spec.prompt_len,
+        gen_len=spec.gen_len,
+        dtype=dtype,
+        seed=spec.seed,
+    )
+    if name == "transformers":
+        kw["device"] = device
+    if hasattr(module, "measure"):
+        return module.measure(str(model_path), **kw)
+    if hasattr(module, "bench_mlx_lm"):  # kipp_mlx.peer's batch-1 helper
+        return _mlx_lm_rows(module, str(model_path), spec, dtype)
+    return {"name": name, "skipped": f"{PEERS[name]} has no measure()"}
+
+
+def _mlx_lm_rows(module, model_path: str, spec: BenchSpec, dtype: str | None) -> dict:
+    r = module.bench_mlx_lm(model_path, spec.prompt_len, spec.gen_len - 1, dtype=dtype)
+    ttft = float(np.median(r["prefill_s"]))
+    row = {
+        "batch_size": 1,
+        "prompt_len": spec.prompt_len,
+        "gen_len": spec.gen_len,
+        "prefill_tok_s": r["prefill_tok_s"],
+        "decode_tok_s": r["decode_tok_s"],
+        "ttft_s": ttft,
+    }
+    return {"name": "mlx-lm", "rows": [row], "note": "batch 1 only (mlx-lm generates one stream)"}
+
+
+# -- markdown -----------------------------------------------------------------------------------
+
+
+def _f(x, scale=1.0, digits=1) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def to_markdown(result: dict) -> str:
+    """The result as a markdown section: command, hardware, date, then one table per part."""
+    hw, run = result["hardware"], result["run"]
+    lines = [
+        f"### {run['model']} on {run['backend']} ({run['dtype'] or 'default dtype'}, "
+        f"{run['quant'] or 'no quant'})",
+        "",
+        f"- command: `{run['command']}`",
+        f"- hardware: {hw['gpu'] or 'no GPU'}; {hw['cpu']} ({hw['cpu_count']} cores); "
+        f"{hw['platform']}",
+        f"- date: {run['date']}; kipp {run['version']}",
+        f"- peak memory ({result['memory']['kind']}): "
+        f"{result['memory']['peak_memory_bytes'] / 2**30:.2f} GiB",
+        "",
+        "| engine | batch | prompt | gen | prefill tok/s | decode tok/s | TTFT ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    engines = [("kipp", result["rows"])]
+    engines += [(p["name"], p["rows"]) for p in result.get("peers", []) if "rows" in p]
+    for name, rows in engines:
+        for r in rows:
+            lines.append(
+                f"| {name} | {r['batch_size']} | {r.get('prompt_len', run['prompt_len'])} | "
+                f"{r.get('gen_len', run['gen_len'])} | {_f(r['prefill_tok_s'])} | "
+                f"{_f(r['decode_tok_s'])} | {_f(r['ttft_s'], 1000)} |"
+            )
+    for p in result.get("peers", []):
+        if "skipped" in p:
+            lines.append(f"\n{p['name']}: not measured ({p['skipped']})")
+    if "throughput" in result:
+        t = result["throughput"]
+        lines += [
+            "",
+            f"Offline throughput, {t['num_requests']} requests: "
+            f"{t['requests_s']:.2f} req/s, {t['total_tok_s']:.1f} tok/s total, "
+            f"{t['output_tok_s']:.1f} output tok/s.",
+        ]
+    if "prefix_cache" in result:
+        c = result["prefix_cache"]
+        lines += [
+            "",
+            f"Prefix cache, {c['prompt_len']}-token prompt: TTFT "
+            f"{_f(c['cold_ttft_s'], 1000)} ms cold, {_f(c['warm_ttft_s'], 1000)} ms warm "
+            f"({c['warm_cached_tokens']} tokens cached, {c['speedup']:.1f}x).",
+        ]
+    if "chat" in result:
+        lines += [
+            "",
+            "| chat turn | history tokens | cached | computed | TTFT ms | full-prompt TTFT ms |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in result["chat"]:
+            lines.append(
+                f"| {r['turn']} | {r['history_tokens']} | {r['cached_tokens']} | "
+                f"{r['computed_tokens']} | {_f(r['ttft_s'], 1000)} | "
+                f"{_f(r['full_prompt_ttft_s'], 1000)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def check_no_fallbacks() -> None:
+    """ValueError listing every kernel that fell back to its reference path in this process."""
+    from kipp_core.fastpath import fallbacks
+
+    fb = fallbacks()
+    if fb:
+        listed = "; ".join(f"{b}/{k}: {why}" for (b, k), why in sorted(fb.items()))
+        raise ValueError(f"refusing to record: kernels fell back to reference paths ({listed})")
+
+
+# -- random-weight checkpoints ------------------------------------------------------------------
+
+
+def random_checkpoint(
+    shape: str, out=None, dtype: str = "bfloat16", seed: int = 0, progress=None, force: bool = False
+) -> Path:
+    """A checkpoint of the registry shape `shape` with random weights, written to `out` (default:
+    a cache folder under KIPP_HOME, reused when present). Uses torch when installed: it fills big
+    tensors several times faster than numpy, and speed does not depend on the values."""
+    from kipp_core.registry import lookup
+    from kipp_core.tiny import kipp_home, random_tensor, write_checkpoint
+
+    entry = lookup(shape)
+    if entry is None:
+        raise ValueError(f"unknown shape {shape!r}: see `kipp models`")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+    cached = out is None
+    out = Path(out) if out else kipp_home() / "random" / f"{entry.name}-{dtype}-seed{seed}"
+    if (out / "config.json").exists():
+        if cached:
+            return out
+        if not force:
+            raise ValueError(f"{out} already holds a checkpoint; pass --force to overwrite it")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    make = _torch_maker(seed) if importlib.util.find_spec("torch") else random_tensor
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_checkpoint(
+            tmp, entry.config, seed=seed, dtype=dtype, entry=entry, make=make, progress=progress
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _torch_maker(seed: int):
+    """kipp_core.tiny.random_tensor's distributions, drawn by torch."""
+    import torch
+
+    from kipp_core.tiny import NUM_TOKENS
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(_rng, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        w = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            return (1.0 + 0.1 * w).numpy()
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            w.mul_(0.3)[NUM_TOKENS:] = 0.0
+            return w.numpy()
+        return w.mul_(shape[-1] ** -0.5).numpy()
+
+    return make
