@@ -1,0 +1,231 @@
+"""Reading a /v1/chat/completions body into a prompt and SamplingParams.
+
+The prompt is `kipp_core.chat.render` of the messages. `tool_choice: "none"` offers no tools and
+parses no calls; a named function forces the call's opening, `<tool_call>\\n{"name": NAME,
+"arguments": `, after an empty think block, and the output is parsed with that prefix prepended.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kipp_core.chat import render
+from kipp_core.sampling import SamplingParams
+from kipp_core.server.context import ServingContext
+from kipp_core.server.errors import bad_request
+from kipp_core.server.protocol import (
+    COMMON_FIELDS,
+    Fields,
+    build_params,
+    check_context,
+    check_model,
+    sampling_fields,
+    stream_flags,
+)
+
+FIELDS = (
+    *COMMON_FIELDS,
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "chat_template_kwargs",
+    "modalities",
+)
+# OpenAI fields with no effect here, accepted so that clients setting them keep working.
+IGNORED = (
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "safety_identifier",
+    "verbosity",
+    "reasoning_effort",
+    "moderation",
+)
+UNSUPPORTED = ("audio", "prediction", "web_search_options", "functions", "function_call")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class ChatRequest:
+    prompt: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    thinking: bool  # split reasoning_content out of the output
+    parse_tools: bool
+    tool_prefix: str  # forced opening of a named tool call, prepended before parsing
+    logprobs: int | None  # top_logprobs when logprobs is on
+    json_object: bool
+
+
+def _text(content, where: str) -> str | None:
+    """Message content as text: a string, or the text parts of a list joined by newlines."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string or an array of parts", "messages")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise bad_request(
+                f"{where}.content[{j}] must be a text part (only text is supported)", "messages"
+            )
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.content[{j}].text must be a string", "messages")
+        texts.append(part["text"])
+    return "\n".join(texts)  # as vLLM joins text parts
+
+
+def _messages(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("messages must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object", "messages")
+        if m.get("role") not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}", "messages")
+        m = dict(m)
+        if m["role"] == "developer":  # OpenAI's newer name for the system role
+            m["role"] = "system"
+        m["content"] = _text(m.get("content"), f"messages[{i}]")
+        rc = m.get("reasoning_content")
+        if rc is not None and not isinstance(rc, str):
+            raise bad_request(f"messages[{i}].reasoning_content must be a string", "messages")
+        out.append(m)
+    return out
+
+
+def _tools(raw) -> list[dict]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad_request("tools must be an array", "tools")
+    for i, t in enumerate(raw):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise bad_request(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", "tools"
+            )
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function.name must be a non-empty string", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise bad_request(f"tools[{i}].function.parameters must be an object", "tools")
+    return raw
+
+
+def _tool_choice(raw, tools: list[dict]) -> str | dict:
+    """ "none", "auto", or the named function's name (as {"name": ...})."""
+    if raw is None:
+        return "auto" if tools else "none"
+    if raw in ("none", "auto"):
+        return raw if tools else "none"
+    if raw == "required":
+        raise bad_request("tool_choice 'required' is not supported; name a function", "tool_choice")
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if (
+        not isinstance(fn, dict)
+        or raw.get("type") != "function"
+        or not isinstance(fn.get("name"), str)
+    ):
+        raise bad_request(
+            "tool_choice must be 'none', 'auto' or {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
+    names = [t["function"]["name"] for t in tools]
+    if fn["name"] not in names:
+        raise bad_request(f"tool_choice names {fn['name']!r}, which is not in tools", "tool_choice")
+    return {"name": fn["name"]}
+
+
+def _enable_thinking(f: Fields) -> bool:
+    kw = f.mapping("chat_template_kwargs", {})
+    for key in kw:
+        if key != "enable_thinking":
+            raise bad_request(
+                f"chat_template_kwargs.{key} is not supported (only enable_thinking)",
+                "chat_template_kwargs",
+            )
+    value = kw.get("enable_thinking", True)
+    if not isinstance(value, bool):
+        raise bad_request(
+            "chat_template_kwargs.enable_thinking must be a boolean", "chat_template_kwargs"
+        )
+    return value
+
+
+def _json_object(f: Fields) -> bool:
+    fmt = f.mapping("response_format")
+    kind = None if fmt is None else fmt.get("type")
+    if fmt is None or kind == "text":
+        return False
+    if kind == "json_object":
+        return True
+    raise bad_request(
+        f"response_format type {kind!r} is not supported (use 'text' or 'json_object')",
+        "response_format",
+    )
+
+
+def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
+    f = Fields(body, FIELDS + UNSUPPORTED, IGNORED)
+    for name in UNSUPPORTED:
+        if f.has(name):
+            raise bad_request(f"{name} is not supported", name)
+    if f.raw("modalities", ["text"]) != ["text"]:
+        raise bad_request("only the 'text' modality is supported", "modalities")
+    check_model(f, (ctx.model_name,))
+    stream, include_usage = stream_flags(f)
+    f.string("user")
+    f.boolean("parallel_tool_calls")  # Qwen3 may call several tools at once either way
+    messages = _messages(f.raw("messages"))
+    tools = _tools(f.raw("tools"))
+    choice = _tool_choice(f.raw("tool_choice"), tools)
+    thinking = _enable_thinking(f)
+    json_object = _json_object(f)
+    max_param = "max_completion_tokens" if f.has("max_completion_tokens") else "max_tokens"
+    max_tokens = f.integer(max_param, None, lo=1)
+    logprobs = f.boolean("logprobs", False)
+    top = f.integer("top_logprobs", lo=0, hi=20)
+    if top is not None and not logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    kw = sampling_fields(f, ctx.vocab_size)
+
+    prefix = ""
+    if isinstance(choice, dict):
+        thinking = False  # a forced call starts the answer; thinking first would not fit it
+        prefix = '<tool_call>\n{"name": ' + json.dumps(choice["name"], ensure_ascii=False)
+        prefix += ', "arguments": '
+    try:
+        prompt = render(messages, tools if choice != "none" else None, True, thinking)
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from None
+    prompt += prefix
+    ids = ctx.tokenizer.encode(prompt)
+    check_context(len(ids), max_tokens, ctx.max_model_len, "messages", max_param)
+    kw["max_tokens"] = max_tokens
+    kw["logprobs"] = (top or 0) if logprobs else None
+    params = build_params(ctx.defaults, kw, {"max_tokens": max_param, "logprobs": "top_logprobs"})
+    return ChatRequest(
+        prompt,
+        ids,
+        params,
+        stream,
+        include_usage,
+        thinking,
+        choice != "none",
+        prefix,
+        kw["logprobs"],
+        json_object,
+    )

@@ -1,0 +1,39 @@
+"""Server-sent events as OpenAI streams them: `data: {json}` events, then `data: [DONE]`."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+DISCONNECTED = web.RequestKey("kipp_disconnected", bool)  # set when a stream's client went away
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class EventStream:
+    """One streaming response. `send` writes a batch of events in one write."""
+
+    def __init__(self, request: web.Request):
+        self._request = request
+        self.response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",  # proxies must not buffer the stream
+            },
+        )
+
+    async def start(self) -> None:
+        await self.response.prepare(self._request)
+
+    async def send(self, events: list[dict]) -> None:
+        if events:
+            await self.response.write(b"".join(b"data: " + dumps(e) + b"\n\n" for e in events))
+
+    async def finish(self) -> None:
+        await self.response.write(b"data: [DONE]\n\n")
+        await self.response.write_eof()
