@@ -90,7 +90,7 @@ def write_checkpoint(
             w = shards_get(shards, "model.embed_tokens.weight")
         else:
             w = make(rng, name, shape)
-            if st_dtype == "BF16":
+            if st_dtype == "BF16" and w.dtype != np.uint16:  # uint16: already bf16 bits
                 w = f32_to_bf16(w)
             elif st_dtype == "F16":
                 w = w.astype(np.float16)

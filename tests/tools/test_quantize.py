@@ -169,9 +169,7 @@ def test_gpu_backends_load_the_result(backend, scheme, source, src, src_f32, tmp
     if importlib.util.find_spec(f"kipp_{backend}.backend") is None:
         pytest.skip(f"the {backend} backend is not available here")
     if backend == "cuda":
-        torch = pytest.importorskip("torch")
-        if not torch.cuda.is_available():
-            pytest.skip("no CUDA device")
+        pytest.importorskip("torch")  # without a GPU the cuda backend runs its torch references
     if (backend, scheme, source) == ("mlx", "affine4", "bfloat16"):
         # Measured 7.3e-3 (6e-7 from a float32 source): kipp_mlx computes with the stored bf16
         # scales and biases in bf16 although float32 was asked for.

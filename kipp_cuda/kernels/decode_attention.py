@@ -1,0 +1,317 @@
+"""Paged decode attention: one new query token per sequence against its whole cached context.
+
+A program handles one (sequence, kv head, split): the Hq / Hkv query heads of that kv head ride
+together as the rows of a tl.dot (padded to 16), so each K/V tile is read once. Long contexts are
+split along the sequence (flash-decoding); a second kernel merges the splits' (lse, out) partials.
+The split count comes from host ints only (batch, heads, `max_context_len`), so a call is CUDA-graph
+safe; each sequence cuts its own context into that many runs of whole tiles on the device, and
+programs whose run lies past their sequence exit at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.kv_write import check_cache, dot_dtype, gather_kv_ref, load_kv_tile
+
+BLOCK_N = 64  # KV positions per tile (two 32-token pages)
+MIN_TILES_PER_SPLIT = 4  # a split reads at least 256 positions, else the merge costs more
+MAX_SPLITS = 128
+PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+                 n0, end, h, qk_scale,
+                 stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    # One online-softmax step over KV positions [n0, min(n0 + BLOCK_N, end)); fp32 statistics.
+    pos = n0 + tl.arange(0, BLOCK_N)
+    valid = pos < end
+    if MASKED:
+        block_id = tl.load(bt_row + pos // PAGE_SIZE, mask=valid, other=0).to(tl.int64)
+    else:
+        block_id = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
+    slot = block_id * stride_cb + (pos % PAGE_SIZE) * stride_cs + h * stride_ch
+    sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
+    k = load_kv_tile(k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                     MASKED, DOT_DTYPE)
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+    if MASKED:
+        qk = tl.where(valid[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                     MASKED, DOT_DTYPE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_decode_attention_kernel(
+    out_ptr, mid_o_ptr, mid_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+    block_tables_ptr, context_lens_ptr,
+    qk_scale, num_splits,
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+    stride_bt,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TILES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    rg = tl.arange(0, BLOCK_G)
+    rd = tl.arange(0, HEAD_DIM)
+    g_mask = rg < G
+    heads = h * G + rg
+    ctx = tl.load(context_lens_ptr + b)
+    if ONE_SPLIT:
+        start = 0
+        end = ctx
+    else:
+        # Each sequence cuts its own context into runs of whole tiles (at least MIN_TILES), so a
+        # graph captured for long contexts still spreads a short one over several programs.
+        split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), MIN_TILES) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, ctx)
+        if start >= ctx:  # past the sequence: an empty partial, weight 0 in the merge
+            tl.store(mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
+                     tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=g_mask)
+            return
+
+    # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
+                mask=g_mask[:, None], other=0)
+    q = q.to(DOT_DTYPE)
+
+    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 domain
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)  # fp32 accumulation
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    # Whole tiles unmasked, then the sequence's ragged last tile, if any, masked.
+    full_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0,
+            end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+            HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE, PRECISION)
+    if full_end < end:
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+            full_end, end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE, PRECISION)
+
+    # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if ONE_SPLIT:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        tl.store(mid_o_ptr + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms
+                 + rd[None, :], o, mask=g_mask[:, None])
+        tl.store(mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
+                 m_i + tl.math.log2(l_i), mask=g_mask)
+
+
+@triton.jit
+def merge_splits_kernel(
+    out_ptr, mid_o_ptr, mid_lse_ptr,
+    num_splits,
+    stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
+):
+    # One (token, head): out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+    # An empty split has lse -inf (weight 0) and its out is not read.
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    lse_row = mid_lse_ptr + t * stride_lt + head * stride_lh
+    rs = tl.arange(0, BLOCK_S)
+    lse = tl.load(lse_row + rs, mask=rs < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all empty: out is 0
+    den = tl.sum(tl.math.exp2(lse - lse_max), axis=0)
+    rd = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)
+    for s0 in range(0, num_splits, CHUNK_S):
+        rc = s0 + tl.arange(0, CHUNK_S)
+        w = tl.math.exp2(tl.load(lse_row + rc, mask=rc < num_splits, other=float("-inf"))
+                         - lse_max)
+        o = tl.load(mid_o_ptr + t * stride_mt + head * stride_mh + rc[:, None] * stride_ms
+                    + rd[None, :], mask=(w > 0)[:, None], other=0.0)
+        acc += tl.sum(o * w[:, None], axis=0)
+    o = acc / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + t * stride_ot + head * stride_oh + rd, o.to(out_ptr.dtype.element_ty))
+
+
+def merge_splits(out, mid_o, mid_lse) -> None:
+    """out [T, H, D] from split partials mid_o [T, H, S, D], mid_lse [T, H, S] (fp32, log2)."""
+    T, H, S, D = mid_o.shape
+    merge_splits_kernel[(T, H)](
+        out, mid_o, mid_lse, S,
+        out.stride(0), out.stride(1), *mid_o.stride()[:3], *mid_lse.stride()[:2],
+        HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(S), CHUNK_S=min(16, triton.next_power_of_2(S)),
+        num_warps=4,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: small enough that the tests' short contexts still split
+
+
+def num_splits_for(batch: int, num_kv_heads: int, max_context_len: int,
+                   device: torch.device) -> int:
+    """How many sequence splits a decode call uses: host ints only (CUDA-graph safe)."""
+    tiles = triton.cdiv(max(max_context_len, 1), BLOCK_N)
+    want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), batch * num_kv_heads)
+    return max(1, min(want, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS))
+
+
+def check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens,
+                            num_seqs: int) -> bool:
+    is_q8 = check_cache(k_cache, v_cache, k_scale, v_scale)
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads or q.stride(-1) != 1:
+        raise ValueError(f"q {tuple(q.shape)} must be [tokens, Hq, {head_dim}] with Hq a multiple "
+                         f"of {num_kv_heads}, head_dim contiguous")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"unsupported q dtype {q.dtype}")
+    if not is_q8 and q.dtype != k_cache.dtype:
+        raise ValueError(f"q {q.dtype} must match the cache dtype {k_cache.dtype}")
+    if (block_tables.dim() != 2 or block_tables.shape[0] != num_seqs
+            or block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1):
+        raise ValueError(f"block_tables must be int32 [{num_seqs}, max_blocks] row-major, got "
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
+    if context_lens.shape != (num_seqs,) or context_lens.dtype != torch.int32:
+        raise ValueError(f"context_lens must be int32 [{num_seqs}], got {context_lens.dtype} "
+                         f"{tuple(context_lens.shape)}")
+    return is_q8
+
+
+def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                               k_scale=None, v_scale=None, max_context_len: int | None = None,
+                               num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one new token per sequence over its paged context.
+
+    q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D] (int8 with fp16 k_scale,
+    v_scale [..., D // 32] for a q8_0 cache); block_tables [B, max_blocks] int32; context_lens [B]
+    int32, counting the new token, whose K/V kv_write has already stored (0: a padded slot, whose
+    output is 0). `max_context_len` (a host int, >= every context, fixed per CUDA graph) sets the
+    split count; None reads context_lens.max(), a host sync. Returns [B, Hq, D] in q's dtype.
+    """
+    B, num_q_heads, head_dim = q.shape
+    is_q8 = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables,
+                                    context_lens, B)
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    G = num_q_heads // num_kv_heads
+    out = torch.empty(B, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    if B == 0:
+        return out
+    if max_context_len is None:
+        max_context_len = int(context_lens.max())  # a host sync: eager use only
+    if num_splits is None:
+        num_splits = num_splits_for(B, num_kv_heads, max_context_len, q.device)
+    one_split = num_splits == 1
+    if one_split:
+        mid_o = mid_lse = out  # unused
+    else:
+        mid_o = torch.empty(B, num_q_heads, num_splits, head_dim, dtype=torch.float32,
+                            device=q.device)
+        mid_lse = torch.empty(B, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    dt = dot_dtype(q.dtype)
+    s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
+    _paged_decode_attention_kernel[(B, num_kv_heads, num_splits)](
+        out, mid_o, mid_lse, q, k_cache, v_cache, k_scale, v_scale,
+        block_tables, context_lens,
+        scale * LOG2E, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *((0, 0, 0, 0, 0) if one_split else (*mid_o.stride()[:3], *mid_lse.stride()[:2])),
+        *k_cache.stride()[:3], *s_strides,
+        block_tables.stride(0),
+        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
+        PAGE_SIZE=page_size, IS_Q8=is_q8, ONE_SPLIT=one_split, MIN_TILES=MIN_TILES_PER_SPLIT,
+        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    if not one_split:
+        merge_splits(out, mid_o, mid_lse)
+    return out
+
+
+def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                               k_scale=None, v_scale=None, max_context_len: int | None = None,
+                               num_splits: int | None = None) -> torch.Tensor:
+    B, num_q_heads, head_dim = q.shape
+    check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
+    G = num_q_heads // k_cache.shape[2]
+    out = torch.zeros(B, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    for b, n in enumerate(context_lens.tolist()):
+        if n == 0:
+            continue
+        k = gather_kv_ref(k_cache, k_scale, block_tables[b], n).repeat_interleave(G, dim=1)
+        v = gather_kv_ref(v_cache, v_scale, block_tables[b], n).repeat_interleave(G, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # fp32 scores and softmax
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v).to(q.dtype)
+    return out
+
+
+paged_decode_attention = dispatch("paged_decode_attention", _paged_decode_attention_op,
+                                  paged_decode_attention_ref)
+
+
+def bench_specs() -> list[dict]:
+    """Qwen3-8B decode (Hq 32, Hkv 8, D 128, bf16, 32-token pages); bytes are the KV read."""
+    specs = []
+    for name, B, ctx, q8 in (("decode b1 ctx16k", 1, 16384, False),
+                             ("decode b64 ctx2k", 64, 2048, False),
+                             ("decode b256 ctx1k", 256, 1024, False),
+                             ("decode b64 ctx2k q8", 64, 2048, True)):
+        specs.append(_bench_case(name, B, ctx, q8))
+    return specs
+
+
+def _bench_case(name: str, B: int, ctx: int, q8: bool, hq: int = 32, hkv: int = 8,
+                d: int = 128, page: int = 32) -> dict:
+    dev, dt = "cuda", torch.bfloat16
+    blocks_per_seq = triton.cdiv(ctx, page)
+    num_blocks = B * blocks_per_seq
+    shape = (num_blocks, page, hkv, d)
+    if q8:
+        kc = torch.randint(-127, 128, shape, dtype=torch.int8, device=dev)
+        vc = torch.randint(-127, 128, shape, dtype=torch.int8, device=dev)
+        ks = torch.rand(*shape[:3], d // 32, device=dev).to(torch.float16) * 0.01
+        vs = torch.rand_like(ks) * 0.01
+    else:
+        kc = torch.randn(shape, dtype=dt, device=dev)
+        vc = torch.randn(shape, dtype=dt, device=dev)
+        ks = vs = None
+    # Shuffled pages, as a long-running server's cache would be.
+    bt = torch.randperm(num_blocks, device=dev).to(torch.int32).view(B, blocks_per_seq)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+    q = torch.randn(B, hq, d, dtype=dt, device=dev)
+    scale = 1 / math.sqrt(d)
+    kv_bytes = 2 * B * ctx * hkv * d * kc.element_size()
+    if q8:
+        kv_bytes += 2 * B * ctx * hkv * (d // 32) * 2
+    args = (q, kc, vc, bt, lens, scale, ks, vs, ctx)
+    return {"name": name, "fn": lambda: _paged_decode_attention_op(*args),
+            "ref": lambda: paged_decode_attention_ref(*args),
+            "bytes": kv_bytes + 2 * q.numel() * 2 + bt.numel() * 4,
+            "flops": 4 * B * hq * ctx * d}
+

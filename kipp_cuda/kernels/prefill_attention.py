@@ -1,0 +1,295 @@
+"""Paged, varlen, causal flash attention for prompts, chunked prefill and short multi-token queries.
+
+A program handles one q tile of one sequence for one kv head. Its BLOCK_M rows are (query, head)
+pairs: BLOCK_Q = BLOCK_M // G consecutive queries times the G query heads of that kv head, so each
+K/V tile, gathered through the block table, is read once for all G heads. KV tiles wholly below the
+causal bound run without masks; the few that cross it are masked; those above it are skipped.
+The grid is sized from host ints (T // BLOCK_Q + B tiles), each program finding its sequence by a
+binary search over cu_seqlens_q, so a call is CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.decode_attention import (
+    LOG2E,
+    MAX_SPLITS,
+    PROGRAMS_PER_SM,
+    check_attention_inputs,
+    merge_splits,
+    num_sms,
+)
+from kipp_cuda.kernels.kv_write import dot_dtype, gather_kv_ref, load_kv_tile
+
+SPLIT_MAX_Q_LEN = 16  # longer queries have programs enough along the query axis
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+                 n0, q_pos, h, qk_scale,
+                 stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    # One online-softmax step over KV positions [n0, n0 + BLOCK_N); fp32 scores and sums.
+    pos = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        # Positions past the last row's query are never read: they may lie past the context.
+        valid = pos <= tl.max(q_pos, axis=0)
+        block_id = tl.load(bt_row + pos // PAGE_SIZE, mask=valid, other=0).to(tl.int64)
+    else:
+        valid = pos  # unused
+        block_id = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
+    slot = block_id * stride_cb + (pos % PAGE_SIZE) * stride_cs + h * stride_ch
+    sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
+    k = load_kv_tile(k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                     MASKED, DOT_DTYPE)
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        qk = tl.where(pos[None, :] <= q_pos[:, None], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    m_use = m_new
+    if MASKED:  # a row may have seen nothing yet (a split above its query): keep it at 0
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(qk - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                     MASKED, DOT_DTYPE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_prefill_attention_kernel(
+    out_ptr, mid_o_ptr, mid_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
+    qk_scale, num_seqs, num_kv_heads, num_splits,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
+    stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+    stride_bt,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr,
+    IS_SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # Heads vary fastest and the last tiles (the longest causal rows) start first, so the long
+    # programs of every head run early and neighbours share the KV prefix in L2.
+    pid = tl.program_id(0)
+    h = pid % num_kv_heads
+    tile = tl.num_programs(0) // num_kv_heads - 1 - pid // num_kv_heads
+    # Sequence b owns tiles [cu[b] // BLOCK_Q + b, cu[b + 1] // BLOCK_Q + b + 1): find b.
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    b = lo
+    q_begin = tl.load(cu_seqlens_q_ptr + b)
+    q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_begin
+    q_start = (tile - q_begin // BLOCK_Q - b) * BLOCK_Q
+    if q_start >= q_len:
+        return
+    ctx = tl.load(context_lens_ptr + b)
+
+    # rows: query q_start + r // G, head h * G + r % G; rows past BLOCK_Q * G or q_len are padding.
+    r = tl.arange(0, BLOCK_M)
+    qi = q_start + r // G
+    heads = h * G + r % G
+    row_ok = (r < BLOCK_Q * G) & (qi < q_len)
+    q_last = tl.minimum(q_start + BLOCK_Q, q_len) - 1
+    q_pos = ctx - q_len + tl.minimum(qi, q_last)  # padding rows copy the last row's bound
+    rd = tl.arange(0, HEAD_DIM)
+    t = (q_begin + qi).to(tl.int64)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + rd[None, :],
+                mask=row_ok[:, None], other=0)
+    q = q.to(DOT_DTYPE)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running max, log2 domain
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)  # fp32 accumulation
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    first_pos = ctx - q_len + q_start
+    last_pos = ctx - q_len + q_last
+    if IS_SPLIT:
+        # Split this tile's KV range [0, last_pos] into num_splits runs of whole tiles.
+        split = tl.program_id(1)
+        split_len = tl.cdiv(tl.cdiv(last_pos + 1, num_splits), BLOCK_N) * BLOCK_N
+        kv_lo = split * split_len
+        kv_hi = tl.minimum(kv_lo + split_len, last_pos + 1)
+    else:
+        kv_lo = 0
+        kv_hi = last_pos + 1
+    # KV tiles wholly at or below the first row's position need no mask; the rest up to the
+    # last row's position are masked; beyond it nothing is read.
+    full_end = kv_lo + tl.maximum(tl.minimum(kv_hi, first_pos + 1) - kv_lo, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(kv_lo, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+            n0, q_pos, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE, PRECISION)
+    for n0 in range(full_end, kv_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+            n0, q_pos, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE, PRECISION)
+
+    if not IS_SPLIT:
+        o = acc / l_i[:, None]  # every real row saw position 0, so l_i > 0
+        tl.store(out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + rd[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # A row that saw nothing in this split: out 0, lse -inf (weight 0 in the merge).
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(mid_o_ptr + t[:, None] * stride_mt + heads[:, None] * stride_mh
+                 + split * stride_ms + rd[None, :], o, mask=row_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(mid_lse_ptr + t * stride_lt + heads * stride_lh + split, lse, mask=row_ok)
+
+
+def prefill_config(max_q_len: int, G: int, dtype: torch.dtype) -> dict:
+    """Tile sizes, from host ints only (deterministic; one compile per distinct config)."""
+    block_m = min(128, max(16, triton.next_power_of_2(max_q_len * G), triton.next_power_of_2(G)))
+    block_n = 64
+    num_stages = 3 if block_m >= 64 else 2
+    if dtype == torch.float32:  # fp32 tiles need twice the shared memory
+        block_m, block_n, num_stages = min(block_m, 64), 32, 2
+    return {"BLOCK_M": block_m, "BLOCK_Q": block_m // G, "BLOCK_N": block_n,
+            "num_warps": 8 if block_m >= 128 else 4, "num_stages": num_stages}
+
+
+def prefill_num_splits(num_programs: int, max_q_len: int, device: torch.device) -> int:
+    """Short queries (speculative verification) over long contexts get few programs: split their
+    KV range like decode does. Host ints only; splits past a short context exit at once."""
+    if max_q_len > SPLIT_MAX_Q_LEN:
+        return 1
+    want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), num_programs)
+    return max(1, min(want, MAX_SPLITS))
+
+
+def _paged_prefill_attention_op(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                                scale: float, max_q_len: int, k_scale=None, v_scale=None,
+                                num_splits: int | None = None) -> torch.Tensor:
+    """Varlen causal attention of new tokens over their paged contexts.
+
+    q [T, Hq, D]: sequence b's q_len queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the i-th
+    at position context_lens[b] - q_len + i, attending to positions 0..that one (cached prefix and
+    new tokens, whose K/V kv_write has already stored). Cache layout as for decode. `max_q_len` (a
+    host int) picks the tile shape and, for short queries, a split of the KV range.
+    Returns [T, Hq, D] in q's dtype.
+    """
+    T, num_q_heads, head_dim = q.shape
+    B = context_lens.shape[0]
+    is_q8 = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables,
+                                    context_lens, B)
+    if cu_seqlens_q.shape != (B + 1,) or cu_seqlens_q.dtype != torch.int32:
+        raise ValueError(f"cu_seqlens_q must be int32 [{B + 1}], got {cu_seqlens_q.dtype} "
+                         f"{tuple(cu_seqlens_q.shape)}")
+    if max_q_len < 1:
+        raise ValueError(f"max_q_len must be >= 1, got {max_q_len}")
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    G = num_q_heads // num_kv_heads
+    out = torch.empty(T, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    if T == 0 or B == 0:
+        return out
+    cfg = prefill_config(max_q_len, G, q.dtype)
+    num_tiles = T // cfg["BLOCK_Q"] + B
+    if num_splits is None:
+        num_splits = prefill_num_splits(num_tiles * num_kv_heads, max_q_len, q.device)
+    if num_splits == 1:
+        mid_o = mid_lse = out  # unused
+        mid_strides = (0,) * 5
+    else:
+        mid_o = torch.empty(T, num_q_heads, num_splits, head_dim, dtype=torch.float32,
+                            device=q.device)
+        mid_lse = torch.empty(T, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+        mid_strides = (*mid_o.stride()[:3], *mid_lse.stride()[:2])
+    dt = dot_dtype(q.dtype)
+    s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
+    _paged_prefill_attention_kernel[(num_tiles * num_kv_heads, num_splits)](
+        out, mid_o, mid_lse, q, k_cache, v_cache, k_scale, v_scale,
+        block_tables, cu_seqlens_q, context_lens,
+        scale * LOG2E, B, num_kv_heads, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *mid_strides,
+        *k_cache.stride()[:3], *s_strides,
+        block_tables.stride(0),
+        G=G, HEAD_DIM=head_dim, PAGE_SIZE=page_size, IS_Q8=is_q8, IS_SPLIT=num_splits > 1,
+        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32",
+        **cfg,
+    )
+    if num_splits > 1:
+        merge_splits(out, mid_o, mid_lse)
+    return out
+
+
+def paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                                scale: float, max_q_len: int, k_scale=None, v_scale=None,
+                                num_splits: int | None = None) -> torch.Tensor:
+    T, num_q_heads, head_dim = q.shape
+    B = context_lens.shape[0]
+    check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
+    G = num_q_heads // k_cache.shape[2]
+    out = torch.zeros(T, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    cu = cu_seqlens_q.tolist()
+    for b, n in enumerate(context_lens.tolist()):
+        lq = cu[b + 1] - cu[b]
+        if lq == 0:
+            continue
+        k = gather_kv_ref(k_cache, k_scale, block_tables[b], n).repeat_interleave(G, dim=1)
+        v = gather_kv_ref(v_cache, v_scale, block_tables[b], n).repeat_interleave(G, dim=1)
+        for i in range(0, lq, 1024):  # query chunks bound the [h, q, n] scores at 16k
+            j = min(lq, i + 1024)
+            s = torch.einsum("qhd,nhd->hqn", q[cu[b] + i:cu[b] + j].float(), k) * scale
+            q_pos = torch.arange(n - lq + i, n - lq + j, device=q.device)
+            causal = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
+            s = s.masked_fill(~causal, float("-inf"))  # fp32 scores and softmax
+            o = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
+            out[cu[b] + i:cu[b] + j] = o.to(q.dtype)
+    return out
+
+
+paged_prefill_attention = dispatch("paged_prefill_attention", _paged_prefill_attention_op,
+                                   paged_prefill_attention_ref)
+
+
+def bench_specs() -> list[dict]:
+    """Qwen3-8B prefill (Hq 32, Hkv 8, D 128, bf16, 32-token pages); causal flops counted once."""
+    return [_bench_case("prefill 1x2k", [2048], [2048]),
+            _bench_case("prefill 1x16k", [16384], [16384]),
+            _bench_case("prefill 8x2k", [2048] * 8, [2048] * 8),
+            _bench_case("chunk 2k after 14k", [2048], [16384]),
+            _bench_case("verify 64x q4 ctx2k", [4] * 64, [2048] * 64),
+            _bench_case("verify 1x q5 ctx16k", [5], [16384])]
+
+
+def _bench_case(name: str, q_lens: list[int], ctxs: list[int], hq: int = 32, hkv: int = 8,
+                d: int = 128, page: int = 32) -> dict:
+    dev, dt = "cuda", torch.bfloat16
+    B = len(ctxs)
+    blocks_per_seq = triton.cdiv(max(ctxs), page)
+    num_blocks = B * blocks_per_seq
+    kc = torch.randn(num_blocks, page, hkv, d, dtype=dt, device=dev)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(num_blocks, device=dev).to(torch.int32).view(B, blocks_per_seq)
+    lens = torch.tensor(ctxs, dtype=torch.int32, device=dev)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=dev)
+    T = sum(q_lens)
+    q = torch.randn(T, hq, d, dtype=dt, device=dev)
+    args = (q, kc, vc, bt, cu, lens, 1 / math.sqrt(d), max(q_lens))
+    # Scores and PV: 4 * d flops per (query, head, visible position).
+    visible = sum(lq * (n - lq) + lq * (lq + 1) // 2 for lq, n in zip(q_lens, ctxs))
+    kv_bytes = sum(2 * n * hkv * d * 2 for n in ctxs)
+    return {"name": name, "fn": lambda: _paged_prefill_attention_op(*args),
+            "ref": lambda: paged_prefill_attention_ref(*args),
+            "bytes": kv_bytes + 2 * q.numel() * 2,
+            "flops": 4 * d * hq * visible}

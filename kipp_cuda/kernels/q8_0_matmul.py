@@ -1,0 +1,392 @@
+"""Weight-only Q8_0 matmul: out [T, N] = x [T, K] @ dequant(qs, d)^T, dequantizing in the kernel.
+
+qs: int8 [N, K]; d: fp16 [N, K / 32]; w[n, k] = qs[n, k] * d[n, k // 32] (ggml q8_0). Accumulation
+is fp32; the output has x's dtype. Two kernels, chosen by T:
+- T == 1 (decode of one sequence): `_q8_0_gemv_kernel`, a weight-streaming GEMV on CUDA cores. A
+  program owns BLOCK_N rows and reads them once in [BLOCK_N, BLOCK_G, 32] int8 tiles (16-byte
+  loads, the next tile's loads issued before this one's math), dequantizes exactly in fp32 and
+  applies each group's scale to its 32-element sum; split-K when the rows alone leave SMs idle.
+- T > 1: `_q8_0_matmul_kernel`, tl.dot on tiles dequantized to the activation dtype (bf16 rounding
+  of w, like bf16 weights). For T <= 16 a 16-row tile with split-K keeps the weights streaming
+  (tensor cores make 2..16 tokens cost what one does); for prefill, 64/128/256-row tiles with
+  grouped ordering for L2 reuse.
+Split-K partials are summed in a fixed order by the last program of each tile (a per-tile counter
+taken with an acq_rel atomic), so results are deterministic and need no second launch.
+int8 -> fp32 goes through the float bits of 2**23 (see int8_to_float), not the quarter-rate I2F.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kipp_cuda.kernels import dispatch
+
+QK8_0 = 32
+GEMV_MAX_T = 1  # larger T goes to the tl.dot kernel (16-row tiles up to T = 16)
+SKINNY_MAX_T = 16
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+_MAGIC = tl.constexpr(0x4B000000)  # the float bits of 2**23
+
+
+# -- shared by the quantized matmuls (affine_matmul imports these) ------------------------------
+
+
+@triton.jit
+def store_tile(acc, out_ptr, part_ptr, lock_ptr, rm, rn, T, N, stride_ot, tile, pid_k,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Write an fp32 [BLOCK_M, BLOCK_N] tile of out (rows rm, columns rn). With SPLIT_K > 1 each
+    split stores its partial; the last to arrive sums all SPLIT_K in order and writes out."""
+    mask = (rm < T)[:, None] & (rn < N)[None, :]
+    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # part: [num_tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32; lock: one zeroed int32 per tile.
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_part = part_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        tl.store(tile_part + pid_k * (BLOCK_M * BLOCK_N) + offs, acc)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if count == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: read through L2; this SM's L1 may hold a stale copy from an earlier call.
+                total += tl.load(tile_part + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)  # re-armed for the next call
+
+
+@triton.jit
+def tile_ids(pid, T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row tiles walk the columns together, so weight tiles are reused
+    from L2 while they are hot."""
+    num_m = tl.cdiv(T, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@functools.lru_cache(maxsize=8)
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m: int,
+                    block_n: int):
+    """(partials, locks) for a split-K launch. The locks persist zeroed between calls (the last
+    program of each tile re-arms its own), one set a device: split-K launches must not run
+    concurrently on two streams. The first call allocates them, so make it before CUDA-graph
+    capture (the runner's warm-up does); buffers are never freed, as a graph may hold them."""
+    if split_k == 1:
+        return None, None
+    held = _LOCKS.setdefault(device, [])
+    if not held or held[-1].numel() < num_tiles:
+        held.append(torch.zeros(max(4096, triton.next_power_of_2(num_tiles)), dtype=torch.int32,
+                                device=device))
+    locks = held[-1]
+    part = torch.empty(num_tiles * split_k * block_m * block_n, dtype=torch.float32,
+                       device=device)
+    return part, locks
+
+
+def pick_split_k(device: torch.device, num_tiles: int, num_k_blocks: int,
+                 min_blocks_per_split: int = 4) -> int:
+    """A power of two that brings the programs to about two per SM, keeping each split at least
+    `min_blocks_per_split` K blocks long."""
+    split = 1
+    target = 2 * num_sms(device)
+    while (num_tiles * split * 2 <= target
+           and num_k_blocks // (split * 2) >= min_blocks_per_split and split < 16):
+        split *= 2
+    return split
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_dtype(dtype: torch.dtype):
+    """What tl.dot multiplies: the activation dtype, except fp32 for bf16 under the interpreter
+    (its bf16 arithmetic is broken)."""
+    if dtype == torch.bfloat16 and interpreting():
+        return tl.float32
+    return _TL[dtype]
+
+
+# -- kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def int8_to_float(b):
+    # Without I2F (a quarter-rate pipe): the byte with its sign bit flipped is u = q + 128 in
+    # [0, 255], and the float with bits 0x4B000000 | u is 2**23 + u exactly.
+    u = b.to(tl.uint8, bitcast=True).to(tl.int32) ^ (_MAGIC | 0x80)
+    return u.to(tl.float32, bitcast=True) - 8388736.0  # 2**23 + 128
+
+
+@triton.jit
+def _q8_0_gemv_tile(qs_rows, d_rows, x_ptr, g0, g_end, n_mask, rg, ge):
+    # [BLOCK_N, BLOCK_G, 32] int8, their scales [BLOCK_N, BLOCK_G] and x [BLOCK_G, 32] at group
+    # g0; groups at or past g_end (and rows past N) read nothing.
+    g_mask = g0 + rg < g_end
+    b = tl.load(qs_rows + g0 * 32 + ge[None, :, :],
+                mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
+    d = tl.load(d_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
+    x = tl.load(x_ptr + g0 * 32 + ge, mask=g_mask[:, None], other=0)
+    return b, d, x
+
+
+@triton.jit
+def _q8_0_gemv_kernel(
+    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
+    N, num_groups, groups_per_split,
+    stride_qn, stride_dn,
+    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, 32] int8.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rg = tl.arange(0, BLOCK_G)
+    re = tl.arange(0, 32)
+    n_mask = rn < N
+    rn64 = rn.to(tl.int64)
+    qs_rows = qs_ptr + rn64[:, None, None] * stride_qn
+    d_rows = d_ptr + rn64[:, None] * stride_dn
+    ge = rg[:, None] * 32 + re[None, :]  # [BLOCK_G, 32] element offsets in the tile
+    acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+    g_start = pid_k * groups_per_split
+    g_end = tl.minimum(g_start + groups_per_split, num_groups)
+    b, d, x = _q8_0_gemv_tile(qs_rows, d_rows, x_ptr, g_start, g_end, n_mask, rg, ge)
+    for g0 in range(g_start, g_end, BLOCK_G):
+        # Issue the next tile's loads before this tile's math: two tiles in flight a program.
+        nb, nd, nx = _q8_0_gemv_tile(qs_rows, d_rows, x_ptr, g0 + BLOCK_G, g_end, n_mask, rg, ge)
+        q = int8_to_float(b)
+        acc += tl.sum(q * x.to(tl.float32)[None, :, :], axis=2) * d.to(tl.float32)
+        b, d, x = nb, nd, nx
+    out = tl.sum(acc, axis=1)[None, :]
+    store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
+               1, BLOCK_N, SPLIT_K)
+
+
+@triton.jit
+def _q8_0_matmul_kernel(
+    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
+    T, N, K, k_per_split,
+    stride_xt, stride_qn, stride_dn, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = tile_ids(pid, T, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    NG: tl.constexpr = BLOCK_K // 32
+    rg = tl.arange(0, NG)
+    re = tl.arange(0, 32)
+    m_mask = rm < T
+    n_mask = rn < N
+    # x tile [BLOCK_M, BLOCK_K]; weight tile as [NG, 32, BLOCK_N] (k-major, so its K axis meets
+    # the dot's), scales [NG, 1, BLOCK_N].
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xt
+    qs_cols = qs_ptr + rn.to(tl.int64)[None, None, :] * stride_qn
+    d_cols = d_ptr + rn.to(tl.int64)[None, :] * stride_dn
+    kw = rg[:, None, None] * 32 + re[None, :, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            x = tl.load(x_rows + rk[None, :], mask=m_mask[:, None], other=0)
+            b = tl.load(qs_cols + k0 + kw, mask=n_mask[None, None, :], other=0)
+            d = tl.load(d_cols + k0 // 32 + rg[:, None], mask=n_mask[None, :], other=0)
+        else:
+            k_mask = rk < k_end
+            g_mask = k0 + rg * 32 < k_end
+            x = tl.load(x_rows + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
+            b = tl.load(qs_cols + k0 + kw, mask=n_mask[None, None, :] & g_mask[:, None, None],
+                        other=0)
+            d = tl.load(d_cols + k0 // 32 + rg[:, None], mask=n_mask[None, :] & g_mask[:, None],
+                        other=0)
+        w = int8_to_float(b) * d.to(tl.float32)[:, None, :]
+        w = tl.reshape(w, [BLOCK_K, BLOCK_N]).to(DOT_DTYPE)
+        acc = tl.dot(x.to(DOT_DTYPE), w, acc, input_precision=INPUT_PRECISION)
+    tile = pid_m * tl.cdiv(N, BLOCK_N) + pid_n
+    store_tile(acc, out_ptr, part_ptr, lock_ptr, rm, rn, T, N, stride_ot, tile, pid_k,
+               BLOCK_M, BLOCK_N, SPLIT_K)
+
+
+# -- host ---------------------------------------------------------------------------------------
+
+
+def _check(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> None:
+    if x.dim() != 2 or qs.dim() != 2 or x.shape[1] != qs.shape[1]:
+        raise ValueError(f"q8_0_matmul needs x [T, K] and qs [N, K], got {tuple(x.shape)} and "
+                         f"{tuple(qs.shape)}")
+    N, K = qs.shape
+    if K % QK8_0 or qs.dtype != torch.int8:
+        raise ValueError(f"qs must be int8 [N, K] with K divisible by 32, got {qs.dtype} "
+                         f"{tuple(qs.shape)}")
+    if d.shape != (N, K // QK8_0) or d.dtype != torch.float16:
+        raise ValueError(f"d must be float16 [{N}, {K // QK8_0}], got {d.dtype} "
+                         f"{tuple(d.shape)}")
+    if x.dtype not in _TL:
+        raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+
+
+def matmul_config(T: int, N: int, K: int, device: torch.device, dtype: torch.dtype,
+                  group_size: int = QK8_0) -> dict:
+    """Tile sizes for the tl.dot kernel (register counts checked with ptxas for sm_90: no spills
+    in bf16/fp16)."""
+    if interpreting():  # small tiles keep the CPU interpreter quick
+        cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=4, num_warps=4, num_stages=1)
+    elif dtype == torch.float32:  # exact fp32 FMA dots, for tests and fp32 runs, not speed
+        cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=2)
+    elif T <= SKINNY_MAX_T:
+        # Weight-bound: 32 rows x 256 values a K step (8 KB of q8_0), tokens padded to 16 rows,
+        # ~130-190 registers so that several programs share an SM.
+        cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=4)
+    elif T <= 64:
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+    elif T <= 512 or group_size > 64:
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    else:
+        # 256 rows share each dequantized weight tile: the dequantization (~9 instructions a
+        # weight) then issues in about half the time the tensor cores take for the tile.
+        cfg = dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    num_tiles = triton.cdiv(T, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    split = 1
+    if T <= SKINNY_MAX_T:
+        split = pick_split_k(device, num_tiles, triton.cdiv(K, cfg["BLOCK_K"]))
+    cfg["SPLIT_K"] = split
+    return cfg
+
+
+def gemv_rows(N: int, device: torch.device) -> int:
+    """Rows a GEMV program owns: 8, or 4 when that leaves fewer programs than SMs."""
+    if interpreting():  # few, large programs keep the CPU interpreter quick
+        return 32
+    return 8 if triton.cdiv(N, 8) >= num_sms(device) else 4
+
+
+def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
+    # BLOCK_N rows x 1 KB a K step (four 16-byte loads a thread at 8 rows), the next step's
+    # loads in flight during this one's math: ~120 registers.
+    bg = 16 if interpreting() else min(32, triton.next_power_of_2(num_groups))
+    bn = gemv_rows(N, device)
+    split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
+    return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
+
+
+def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    _check(x, qs, d)
+    if x.stride(1) != 1 or qs.stride(1) != 1 or d.stride(1) != 1:
+        raise ValueError("q8_0_matmul needs x, qs and d with the last dimension contiguous")
+    T, K = x.shape
+    N = qs.shape[0]
+    out = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    if T == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    if T <= GEMV_MAX_T:
+        num_groups = K // QK8_0
+        cfg = gemv_config(N, num_groups, x.device)
+        split, bn, bg = cfg["SPLIT_K"], cfg["BLOCK_N"], cfg["BLOCK_G"]
+        per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
+        n_tiles = triton.cdiv(N, bn)
+        part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
+        _q8_0_gemv_kernel[(n_tiles, split)](
+            x, qs, d, out, part, locks,
+            N, num_groups, per_split,
+            qs.stride(0), d.stride(0),
+            BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split,
+            num_warps=cfg["num_warps"],
+        )
+        return out
+    cfg = matmul_config(T, N, K, x.device, x.dtype)
+    bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    per_split = triton.cdiv(triton.cdiv(K, bk), split) * bk
+    n_tiles = triton.cdiv(T, bm) * triton.cdiv(N, bn)
+    part, locks = split_k_buffers(x.device, n_tiles, split, bm, bn)
+    _q8_0_matmul_kernel[(n_tiles, split)](
+        x, qs, d, out, part, locks,
+        T, N, K, per_split,
+        x.stride(0), qs.stride(0), d.stride(0), out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], SPLIT_K=split,
+        EVEN_K=K % bk == 0, DOT_DTYPE=dot_dtype(x.dtype),
+        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+def dequantize_q8_0_ref(qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, K] weights."""
+    g = qs.float().reshape(*qs.shape[:-1], -1, QK8_0) * d.float()[..., None]
+    return g.reshape(qs.shape)
+
+
+def q8_0_matmul_ref(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    _check(x, qs, d)
+    return (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
+
+
+q8_0_matmul = dispatch("q8_0_matmul", _q8_0_matmul_op, q8_0_matmul_ref)
+
+
+def q8_0_embedding(ids: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [T] of a q8_0 table, dequantized: fp32 [T, K]."""
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ids must be an integer [T] tensor, got {ids.dtype} {tuple(ids.shape)}")
+    return dequantize_q8_0_ref(qs[ids], d[ids])
+
+
+def bench_specs(device: str = "cuda") -> list[dict]:
+    """Qwen3 0.6B and 8B projections (qkv, o, gate_up, down) from decode to prefill. Weights are
+    rotated through enough copies that every call streams them from HBM, not L2."""
+    from kipp_cuda.kernels.bench import TOKENS, linear_shapes, rotating
+
+    specs = []
+    for model, shapes in linear_shapes().items():
+        for proj, (N, K) in shapes.items():
+            wbytes = N * K * (1 + 2 / QK8_0)
+            w = [(torch.randint(-127, 128, (N, K), dtype=torch.int8, device=device),
+                  (torch.rand(N, K // QK8_0, device=device) / 64).to(torch.float16))
+                 for _ in range(rotating(wbytes))]
+            for T in TOKENS:
+                x = torch.randn(T, K, device=device, dtype=torch.bfloat16)
+                specs.append({
+                    "name": "q8_0_matmul", "shape": f"{model} {proj} T={T} N={N} K={K}",
+                    "fn": rotate(q8_0_matmul, x, w), "ref": rotate(q8_0_matmul_ref, x, w),
+                    "bytes": wbytes + 2 * T * (K + N), "flops": 2 * T * N * K,
+                })
+    return specs
+
+
+def rotate(fn, x, weights):
+    """A no-argument call of fn(x, *weights[i]) with i advancing on every call."""
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % len(weights)
+        return fn(x, *weights[state["i"]])
+
+    return call

@@ -1,0 +1,84 @@
+"""Linear and embedding layers for dense and weight-only quantized weights (module swaps, gpt-fast
+style: the model file stays plain, the quantized classes replace the dense ones at load)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kipp_core.quant import check_scheme
+
+
+class DenseLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class Q8Linear(nn.Module):
+    def __init__(self, qs: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.register_buffer("qs", qs)  # int8 [out, in]
+        self.register_buffer("scales", scales)  # fp16 [out, in / 32]
+
+    @property
+    def out_features(self) -> int:
+        return self.qs.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
+
+        return q8_0_matmul(x, self.qs, self.scales)
+
+
+class AffineLinear(nn.Module):
+    def __init__(self, wq: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int,
+                 group_size: int):
+        super().__init__()
+        self.register_buffer("wq", wq)  # int32 holding uint32 words [out, in * bits / 32]
+        self.register_buffer("scales", scales)  # [out, in / group_size]
+        self.register_buffer("biases", biases)
+        self.bits, self.group_size = bits, group_size
+
+    @property
+    def out_features(self) -> int:
+        return self.wq.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kipp_cuda.kernels.affine_matmul import affine_matmul
+
+        return affine_matmul(x, self.wq, self.scales, self.biases, self.bits, self.group_size)
+
+
+def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:
+    """parts: {"weight"} for dense, or the quantized parts of kipp_cuda.quant.quantize."""
+    if scheme is None:
+        return DenseLinear(parts["weight"])
+    bits, gs = check_scheme(scheme)
+    if scheme == "q8_0":
+        return Q8Linear(parts["weight"], parts["scales"])
+    return AffineLinear(parts["weight"], parts["scales"], parts["biases"], bits, gs)
+
+
+def embed(table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Rows of an embedding stored as any of the linear kinds (tied heads share the table)."""
+    if isinstance(table, DenseLinear):
+        return torch.nn.functional.embedding(ids, table.weight)
+    if isinstance(table, Q8Linear):
+        rows = table.qs[ids].float().reshape(ids.shape[0], -1, 32)
+        return (rows * table.scales[ids].float()[..., None]).reshape(ids.shape[0], -1)
+    assert isinstance(table, AffineLinear)
+    per = 32 // table.bits
+    w = table.wq[ids].to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(per, device=ids.device, dtype=torch.int64) * table.bits
+    q = ((w[..., None] >> shifts) & (2**table.bits - 1)).reshape(ids.shape[0], -1)
+    g = q.float().reshape(ids.shape[0], -1, table.group_size)
+    out = g * table.scales[ids].float()[..., None] + table.biases[ids].float()[..., None]
+    return out.reshape(ids.shape[0], -1)

@@ -1,0 +1,108 @@
+"""The Qwen3 model in PyTorch: fused qkv_proj and gate_up_proj, Triton kernels through
+kipp_cuda.kernels, paged KV through the attention metadata. Tokens are flattened: [T, hidden].
+
+Tensor parallelism (tp_size > 1): qkv_proj/gate_up_proj are column-parallel (local heads),
+o_proj/down_proj row-parallel with one all-reduce each, embedding and head split by vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kipp_core.config import ModelConfig
+from kipp_cuda.attention import AttentionMetadata, LayerKV, attention
+from kipp_cuda.kernels.qk_norm_rope import qk_norm_rope, rope_cos_sin_cache
+from kipp_cuda.kernels.rms_norm import rms_norm
+from kipp_cuda.kernels.swiglu import silu_and_mul
+from kipp_cuda.layers import embed
+
+
+class Qwen3Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp_size: int, modules: dict[str, nn.Module],
+                 norms: dict[str, torch.Tensor]):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads // tp_size
+        self.num_kv_heads = cfg.num_key_value_heads // tp_size
+        self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.tp_size = tp_size
+        self.qkv_proj = modules["qkv_proj"]
+        self.o_proj = modules["o_proj"]
+        self.gate_up_proj = modules["gate_up_proj"]
+        self.down_proj = modules["down_proj"]
+        for name, w in norms.items():  # input_layernorm, post_attention_layernorm, q_norm, k_norm
+            self.register_buffer(name, w)
+
+    def forward(self, positions, hidden, residual, kv: LayerKV, meta: AttentionMetadata, cos_sin):
+        if residual is None:
+            residual = hidden
+            h = rms_norm(hidden, self.input_layernorm, self.eps)
+        else:
+            h, residual = rms_norm(hidden, self.input_layernorm, self.eps, residual)
+        T = h.shape[0]
+        qkv = self.qkv_proj(h)
+        q, k = qk_norm_rope(qkv, self.q_norm, self.k_norm, positions, cos_sin, self.num_heads,
+                            self.num_kv_heads, self.head_dim, self.eps)
+        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim :]
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        a = attention(q, k, v, kv, meta, self.head_dim**-0.5)
+        o = self._reduce(self.o_proj(a.reshape(T, -1)))
+        h, residual = rms_norm(o, self.post_attention_layernorm, self.eps, residual)
+        out = self._reduce(self.down_proj(silu_and_mul(self.gate_up_proj(h))))
+        return out, residual
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:
+            dist.all_reduce(x)
+        return x
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, layers: list[Qwen3Layer], embed_tokens: nn.Module,
+                 norm: torch.Tensor, lm_head: nn.Module, dtype: torch.dtype, tp_rank: int = 0,
+                 tp_size: int = 1):
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.layers = nn.ModuleList(layers)
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.register_buffer("norm", norm)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.vocab_per_rank = -(-cfg.vocab_size // tp_size)
+        dev = norm.device
+        self.register_buffer("cos_sin", rope_cos_sin_cache(cfg.max_position_embeddings,
+                                                           cfg.head_dim, cfg.rope_theta, dev))
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return embed(self.embed_tokens, input_ids).to(self.dtype)
+        # Vocabulary-parallel: each rank holds rows [lo, lo + n); others contribute zeros.
+        lo = self.tp_rank * self.vocab_per_rank
+        local = input_ids - lo
+        inside = (local >= 0) & (local < self.vocab_per_rank)
+        x = embed(self.embed_tokens, torch.where(inside, local, 0)).to(self.dtype)
+        x = x * inside[:, None].to(x.dtype)
+        dist.all_reduce(x)
+        return x
+
+    def forward(self, input_ids, positions, kv_caches: list[LayerKV],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden]."""
+        hidden = self.embed(input_ids)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv, meta, self.cos_sin)
+        h, _ = rms_norm(hidden, self.norm, self.config.rms_norm_eps, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [R, vocab] of the given hidden rows."""
+        logits = self.lm_head(hidden).float()
+        if self.tp_size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
+            dist.all_gather(parts, logits)
+            logits = torch.cat(parts, dim=-1)
+        return logits[:, : self.config.vocab_size]

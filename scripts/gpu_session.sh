@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine (see BENCHMARKS.md): `bash scripts/gpu_session.sh PHASE`.
+# Runs from the repository root; writes logs under $OUT (the device tool brings them back).
+#   check   environment, GPU kernel tests, conformance gates on the GPU, kernel roofline table
+#   bench06 0.6B benchmarks (kipp and transformers in the same run)
+#   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
+#   tp      tensor parallel gates and benchmarks (needs 2 GPUs)
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 KIPP_CUDA_REQUIRE_KERNELS=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+k() { python -m kipp_core.cli.main "$@"; }
+step() { echo "== $(date +%T) $*"; }
+
+case "${1:-check}" in
+check)
+  step env
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  python -c "import torch, triton, transformers, numpy; print(torch.__version__, triton.__version__, transformers.__version__, numpy.__version__)"
+  step kernel tests at Qwen3 shapes
+  timeout 200 python -m pytest -v -p no:cacheprovider --timeout 100 -k gpu tests/cuda 2>&1 \
+    | tee "$OUT/tests_cuda.log" | grep -E "PASS|FAIL|ERROR|Error|assert" | tail -40
+  [ "${2:-}" = quick ] && exit 0
+  step conformance on the GPU
+  timeout 150 python -m pytest -q -p no:cacheprovider --timeout 60 tests/conformance -k cuda 2>&1 | tee "$OUT/tests_conf.log" | tail -15
+  ;;
+kernels)
+  step kernel roofline
+  timeout 200 python -m kipp_cuda.kernels.bench 2>&1 | tee "$OUT/kernels.md" | tail -60
+  ;;
+bench06)
+  step 0.6B
+  timeout 420 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1,32 --prompt-len 2048 --gen-len 128 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
+    --json "$OUT/bench06.json" --markdown "$OUT/bench06.md" 2>&1 | tail -40
+  ;;
+bench8)
+  for q in none q8_0 affine4; do
+    step "8B $q"
+    qa=""; [ "$q" != none ] && qa="--quant $q"
+    timeout 200 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 24GiB \
+      --json "$OUT/bench8_$q.json" --markdown "$OUT/bench8_$q.md" 2>&1 | tail -12
+  done
+  ;;
+tp)
+  step tp
+  timeout 500 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --tensor-parallel 2 --batch-sizes 1 --prompt-len 512 --gen-len 128 \
+    --json "$OUT/bench8_tp2.json" --markdown "$OUT/bench8_tp2.md" 2>&1 | tail -20
+  ;;
+esac
+echo "== $(date +%T) done"
