@@ -37,6 +37,10 @@ bench06)
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
     --json "$OUT/bench06.json" --markdown "$OUT/bench06.md" 2>&1 | tail -40
   ;;
+profile)
+  step profile 0.6B decode
+  timeout 150 python scripts/profile_decode.py --shape qwen3-0.6b --batch 1 2>&1 | tail -45
+  ;;
 bench8)
   for q in none q8_0 affine4; do
     step "8B $q"
