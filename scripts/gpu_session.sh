@@ -47,8 +47,12 @@ bench8)
     qa=""; [ "$q" != none ] && qa="--quant $q"
     timeout 200 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
       --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 24GiB \
-      --json "$OUT/bench8_$q.json" --markdown "$OUT/bench8_$q.md" 2>&1 | tail -12
+      --json "$OUT/bench8_$q.json" --markdown "$OUT/bench8_$q.md" 2>&1 | grep -E "kipp|\|" | tail -8
   done
+  step "8B 16k prefill"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
   ;;
 tp)
   step tp
