@@ -55,10 +55,22 @@ bench8)
     --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
   ;;
 tp)
-  step tp
-  timeout 500 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-    --tensor-parallel 2 --batch-sizes 1 --prompt-len 512 --gen-len 128 \
-    --json "$OUT/bench8_tp2.json" --markdown "$OUT/bench8_tp2.md" 2>&1 | tail -20
+  step "tp gates on kipp-tiny (NCCL)"
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/cuda/test_backend.py -k tensor_parallel 2>&1 | tail -3
+  step "tp gate 8B"
+  timeout 200 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -6
+  for tp in 1 2; do
+    step "8B decode TP=$tp"
+    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 --kv-cache-memory 16GiB \
+      --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 | grep -E "kipp|\|" | tail -4
+  done
+  ;;
+tp32)
+  step "32B decode TP=2"
+  timeout 400 python -m kipp_core.cli.main bench --random-weights qwen3-32b --backend cuda \
+    --tensor-parallel 2 --batch-sizes 1 --prompt-len 512 --gen-len 128 --kv-cache-memory 16GiB \
+    --max-model-len 8192 --json "$OUT/bench32_tp2.json" 2>&1 | grep -E "kipp|\|" | tail -4
   ;;
 esac
 echo "== $(date +%T) done"

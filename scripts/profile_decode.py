@@ -40,7 +40,7 @@ def main() -> None:
     llm = LLM(str(path), backend="cuda", quant=args.quant, kv_cache_memory="16GiB",
               max_num_seqs=max(8, args.batch))
     eng, runner = llm.engine, llm.backend.runner
-    sp = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=10 * args.steps, ignore_eos=True)
     prompt = list(range(1000, 1000 + args.context))
     for i in range(args.batch):
         eng.add_request(f"r{i}", prompt, sp)
