@@ -66,6 +66,18 @@ tp)
       --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 | grep -E "kipp|\|" | tail -4
   done
   ;;
+final)
+  step "dense gemv at Qwen3 shapes"
+  timeout 100 python -m pytest -q -p no:cacheprovider -k "gpu_dense_gemv or gpu_decode_cuda_graph" tests/cuda 2>&1 | tail -2
+  step "0.6B batch 1"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --prefix-len 6890 --kv-cache-memory 16GiB \
+    --json "$OUT/final06.json" --markdown "$OUT/final06.md" 2>&1 | grep -E "kipp bench|\||Prefix" | tail -5
+  step "8B bf16 batch 1"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+    --json "$OUT/final8.json" 2>&1 | grep -E "kipp bench|ready" | tail -3
+  ;;
 tp32)
   step "32B decode TP=2"
   timeout 400 python -m kipp_core.cli.main bench --random-weights qwen3-32b --backend cuda \

@@ -440,3 +440,29 @@ def test_gpu_bench_runs_and_reports():
     rows = bench.run_kernel_bench("cuda", only="uniform_rows")
     assert rows and all("refused" not in r and r["gb_s"] > 0 for r in rows)
     assert 0 < rows[0]["ceiling_gb_s"] and 0 < rows[0]["ceiling_tflop_s"]
+
+
+@pytest.mark.parametrize("N,K", [(1, 64), (37, 300), (1024, 96), (130, 2048)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_gemv(N, K, dtype):
+    from kipp_cuda.kernels.dense_gemv import _dense_gemv_op
+
+    g = torch.Generator().manual_seed(N + K)
+    x = torch.randn(1, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    got = _dense_gemv_op(x, w).float()
+    ref = (x.double() @ w.double().T).float()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(got, ref, rtol=tol, atol=tol * K**0.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 3072), (24576, 4096), (151936, 1024)])
+def test_gpu_dense_gemv_qwen3_shapes(N, K):
+    from kipp_cuda.kernels.dense_gemv import _dense_gemv_op
+
+    x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ w.double().T
+    err = (_dense_gemv_op(x, w).double() - ref).norm() / ref.norm()
+    assert err < 5e-3
