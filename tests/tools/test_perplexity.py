@@ -92,11 +92,8 @@ def test_kipp_ppl_equals_transformers_on_the_oracle(tmp_path, tiny_path, referen
 
 
 def _backend_available(name: str) -> bool:
-    if importlib.util.find_spec(f"kipp_{name}.backend") is None:
-        return False
-    if name == "cuda":
-        return torch.cuda.is_available()
-    return True
+    # Without a GPU the cuda backend runs its torch references: still the same gate.
+    return importlib.util.find_spec(f"kipp_{name}.backend") is not None
 
 
 @pytest.mark.parametrize("backend", ["cuda", "mlx"])
