@@ -20,6 +20,7 @@ from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kipp_core.sampling import SamplerState, SamplingParams
 from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from kipp_core.sequence import SeqStatus, Sequence
+from kipp_core.stats import EngineCounters
 from kipp_core.stop import StopMatcher
 from kipp_core.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -389,32 +390,4 @@ class LLMEngine:
             "prefix_cache_query_tokens": bm.query_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             **self.stats.as_dict(),
-        }
-
-
-@dataclass
-class EngineCounters:
-    steps: int = 0
-    tokens_computed: int = 0  # tokens run through the model (prefill, decode and drafts)
-    generation_tokens: int = 0
-    requests_finished: dict = field(default_factory=dict)  # finish_reason -> count
-    busy_seconds: float = 0.0
-
-    def record_step(self, batch: ModelInput, seconds: float) -> None:
-        self.steps += 1
-        self.busy_seconds += seconds
-        self.tokens_computed += batch.num_tokens
-
-    def record_finished(self, req: _Request) -> None:
-        for st in req.states:
-            r = st.seq.finish_reason or "abort"
-            self.requests_finished[r] = self.requests_finished.get(r, 0) + 1
-            self.generation_tokens += len(st.seq.output_token_ids)
-
-    def as_dict(self) -> dict:
-        return {
-            "steps": self.steps,
-            "tokens_computed": self.tokens_computed,
-            "generation_tokens": self.generation_tokens,
-            "requests_finished": dict(self.requests_finished),
         }

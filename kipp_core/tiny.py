@@ -3,6 +3,7 @@ any shape, in full Hugging Face layout, so they load through exactly the code a 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -167,3 +168,65 @@ def tiny_path() -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def random_checkpoint(
+    shape: str, out=None, dtype: str = "bfloat16", seed: int = 0, progress=None, force: bool = False
+) -> Path:
+    """A checkpoint of the registry shape `shape` with random weights, written to `out` (default:
+    a cache folder under KIPP_HOME, reused when present). Uses torch when installed: it fills big
+    tensors several times faster than numpy, and speed does not depend on the values."""
+    from kipp_core.registry import lookup
+
+    entry = lookup(shape)
+    if entry is None:
+        raise ValueError(f"unknown shape {shape!r}: see `kipp models`")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+    cached = out is None
+    out = Path(out) if out else kipp_home() / "random" / f"{entry.name}-{dtype}-seed{seed}"
+    if (out / "config.json").exists():
+        if cached:
+            return out
+        if not force:
+            raise ValueError(f"{out} already holds a checkpoint; pass --force to overwrite it")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    make = (_torch_maker(seed, dtype == "bfloat16") if importlib.util.find_spec("torch")
+            else random_tensor)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_checkpoint(
+            tmp, entry.config, seed=seed, dtype=dtype, entry=entry, make=make, progress=progress
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _torch_maker(seed: int, bf16_bits: bool = False):
+    """kipp_core.tiny.random_tensor's distributions, drawn by torch (on the GPU when there is one,
+    returning bf16 bits directly: an 8B checkpoint is then written in seconds, not minutes)."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def make(_rng, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        w = torch.randn(shape, generator=gen, dtype=torch.float32, device=dev)
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * w
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            w.mul_(0.3)[NUM_TOKENS:] = 0.0
+        else:
+            w.mul_(shape[-1] ** -0.5)
+        if dev == "cuda" and bf16_bits:  # uint16 bf16 bits: written as they are
+            return w.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
+        return w.cpu().numpy()
+
+    return make

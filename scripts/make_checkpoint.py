@@ -1,4 +1,4 @@
-"""Write a random-weight checkpoint in any registry shape (kipp_core.bench.random_checkpoint).
+"""Write a random-weight checkpoint in any registry shape (kipp_core.tiny.random_checkpoint).
 
 python scripts/make_checkpoint.py --shape qwen3-8b --out /tmp/qwen3-8b-random
 python scripts/make_checkpoint.py --shape qwen3-0.6b --out ./r06 --dtype float32 --seed 3
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         args = p.parse_args(argv)
         from tqdm import tqdm
 
-        from kipp_core.bench import random_checkpoint
+        from kipp_core.tiny import random_checkpoint
 
         with tqdm(total=1, desc=args.shape, unit="param", unit_scale=True, disable=None) as bar:
 

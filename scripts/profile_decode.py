@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from kipp_core.bench import random_checkpoint
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplingParams
+from kipp_core.tiny import random_checkpoint
 
 
 def timed(fn, sections, name):

@@ -9,9 +9,9 @@ import gc
 import numpy as np
 import torch
 
-from kipp_core.bench import random_checkpoint
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplingParams
+from kipp_core.tiny import random_checkpoint
 
 
 def run(path, dtype, tp, prompt, n):
@@ -41,9 +41,9 @@ def main() -> None:
         d = l1.astype(np.float64) - l2
         nmse = float(np.mean(d**2) / np.mean(l1.astype(np.float64) ** 2))
         rel = float(np.linalg.norm(d) / np.linalg.norm(l1))
+        first = next((i for i, (a, b) in enumerate(zip(t1, t2)) if a != b), None)
         print(f"{args.shape} {dtype}: TP2 vs TP1 logits rel err {rel:.2e}, NMSE {nmse:.2e}; "
-              f"greedy tokens equal for {args.tokens}: {t1 == t2} "
-              f"(first mismatch at {next((i for i, (a, b) in enumerate(zip(t1, t2)) if a != b), None)})")
+              f"greedy tokens equal for {args.tokens}: {t1 == t2} (first mismatch at {first})")
 
 
 if __name__ == "__main__":

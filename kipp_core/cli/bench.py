@@ -182,7 +182,7 @@ def _write(result: dict, markdown: str, args) -> None:
 def _random_weights(shape: str) -> Path:
     from tqdm import tqdm
 
-    from kipp_core.bench import random_checkpoint
+    from kipp_core.tiny import random_checkpoint
 
     with tqdm(total=1, desc=f"random {shape}", unit="param", unit_scale=True, disable=None) as bar:
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from kipp_core import fastpath
-from kipp_core.bench import random_checkpoint
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.cli.main import main
 from kipp_core.registry import TINY
+from kipp_core.tiny import random_checkpoint
 
 TINY_ARGS = ["--backend", "oracle", "--batch-sizes", "1,2", "--prompt-len", "40", "--gen-len", "4"]
 
