@@ -9,6 +9,11 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 SUPPORTED_MODEL_TYPE = "qwen3"
+# The integer fields that fix a checkpoint's shape.
+SHAPE_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings",
+)
 
 
 @dataclass(frozen=True)
@@ -118,16 +123,7 @@ class ModelConfig:
         return d
 
     def validate(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-        ):
+        for name in SHAPE_FIELDS:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"config.json: {name} must be a positive integer, got {v!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kipp_core.config import ModelConfig
+from kipp_core.config import SHAPE_FIELDS, ModelConfig
 
 IM_END_ID = 151645
 ENDOFTEXT_ID = 151643
@@ -55,20 +55,7 @@ _SHAPES = {
 }
 
 # The fields that must equal the registry entry when a checkpoint is loaded.
-CHECKED_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "rope_theta",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "eos_token_id",
-)
+CHECKED_FIELDS = (*SHAPE_FIELDS, "rope_theta", "rms_norm_eps", "tie_word_embeddings", "eos_token_id")
 
 
 def _qwen3(size: str, base: bool) -> RegistryEntry:

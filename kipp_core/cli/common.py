@@ -87,11 +87,11 @@ def parse_kv_memory(value):
         return value
 
 
-def load_llm(args):
+def load_llm(args, **overrides):
+    """The LLM the model options describe; `overrides` adds or replaces LLM keyword arguments."""
     from kipp_core.llm import LLM
 
-    return LLM(
-        args.model,
+    kw = dict(
         backend=args.backend,
         dtype=args.dtype,
         quant=args.quant,
@@ -107,6 +107,8 @@ def load_llm(args):
         speculative_model=args.speculative_model,
         num_speculative_tokens=args.num_speculative_tokens,
     )
+    kw.update(overrides)
+    return LLM(args.model, **kw)
 
 
 def setup_logging(verbose: bool = False) -> None:

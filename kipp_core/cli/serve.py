@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 
-from kipp_core.cli.common import Parser, UsageError, add_model_args, parse_kv_memory, setup_logging
+from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
 
 log = logging.getLogger("kipp")
 
@@ -49,26 +49,7 @@ def build_parser() -> Parser:
 
 def _loader(args):
     def load():
-        from kipp_core.llm import LLM
-
-        return LLM(
-            args.model,
-            backend=args.backend,
-            dtype=args.dtype,
-            quant=args.quant,
-            kv_quant=args.kv_quant,
-            kv_cache_memory=parse_kv_memory(args.kv_cache_memory),
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_waiting=args.max_waiting,
-            enable_prefix_caching=not args.no_prefix_cache,
-            enforce_eager=args.enforce_eager,
-            tensor_parallel=args.tensor_parallel,
-            speculative=args.speculative,
-            speculative_model=args.speculative_model,
-            num_speculative_tokens=args.num_speculative_tokens,
-        )
+        return load_llm(args, max_waiting=args.max_waiting)
 
     return load
 

@@ -8,14 +8,13 @@ import time
 
 from aiohttp import web
 
-from kipp_core.server.async_engine import EngineFailure, EngineRequest, RequestStream
+from kipp_core.server.async_engine import EngineRequest, RequestStream
 from kipp_core.server.chat_request import ChatRequest, parse_request
 from kipp_core.server.context import STATE, ServingContext
-from kipp_core.server.errors import APIError
 from kipp_core.server.logprobs import chat_logprobs
 from kipp_core.server.protocol import parse_json
 from kipp_core.server.reasoning import ReasoningStream, split_reasoning
-from kipp_core.server.streaming import DISCONNECTED, EventStream, dumps
+from kipp_core.server.streaming import dumps, stream_response
 from kipp_core.server.tool_parser import (
     ToolCallDelta,
     ToolCallStream,
@@ -196,19 +195,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                 pass
             body = response.body(stream.finals[rid])
             return web.Response(body=dumps(body), content_type="application/json")
-        events = EventStream(request)
-        try:
-            await events.start()
-            await events.send(response.first_chunks())
-            async for out in stream:
-                await events.send(response.chunks(out, stream))
-            await events.finish()
-        except EngineFailure as e:
-            await events.send([APIError(500, str(e)).body()])
-            await events.finish()
-        except ConnectionResetError:  # the client left; close() below aborts the request
-            request[DISCONNECTED] = True
-        return events.response
+        return await stream_response(request, stream, response.first_chunks(), response.chunks)
     finally:
         stream.close()
         ctx.release(rid)

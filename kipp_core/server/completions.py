@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from kipp_core.sampling import SamplingParams
-from kipp_core.server.async_engine import EngineFailure, EngineRequest, RequestStream
+from kipp_core.server.async_engine import EngineRequest, RequestStream
 from kipp_core.server.context import STATE, ServingContext
-from kipp_core.server.errors import APIError, bad_request
+from kipp_core.server.errors import bad_request
 from kipp_core.server.logprobs import completion_logprobs
 from kipp_core.server.protocol import (
     COMMON_FIELDS,
@@ -24,7 +24,7 @@ from kipp_core.server.protocol import (
     sampling_fields,
     stream_flags,
 )
-from kipp_core.server.streaming import DISCONNECTED, EventStream, dumps
+from kipp_core.server.streaming import dumps, stream_response
 from kipp_core.server.usage import timings, usage
 
 FIELDS = (*COMMON_FIELDS, "prompt", "max_tokens", "logprobs", "echo", "best_of", "suffix")
@@ -213,17 +213,6 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 pass
             finals = [stream.finals[r.request_id] for r in items]
             return web.Response(body=dumps(response.body(finals)), content_type="application/json")
-        events = EventStream(request)
-        try:
-            await events.start()
-            async for out in stream:
-                await events.send(response.chunks(out, stream))
-            await events.finish()
-        except EngineFailure as e:
-            await events.send([APIError(500, str(e)).body()])
-            await events.finish()
-        except ConnectionResetError:  # the client left; close() below aborts the request
-            request[DISCONNECTED] = True
-        return events.response
+        return await stream_response(request, stream, [], response.chunks)
     finally:
         stream.close()

@@ -6,6 +6,9 @@ import json
 
 from aiohttp import web
 
+from kipp_core.server.async_engine import EngineFailure
+from kipp_core.server.errors import APIError
+
 DISCONNECTED = web.RequestKey("kipp_disconnected", bool)  # set when a stream's client went away
 
 
@@ -37,3 +40,22 @@ class EventStream:
     async def finish(self) -> None:
         await self.response.write(b"data: [DONE]\n\n")
         await self.response.write_eof()
+
+
+async def stream_response(request: web.Request, stream, first: list[dict], chunks):
+    """Send `first`, then `chunks(out, stream)` for each engine output, then [DONE]. An engine
+    failure becomes an error event; a client that left only marks the request disconnected (the
+    caller's cleanup aborts it)."""
+    events = EventStream(request)
+    try:
+        await events.start()
+        await events.send(first)
+        async for out in stream:
+            await events.send(chunks(out, stream))
+        await events.finish()
+    except EngineFailure as e:
+        await events.send([APIError(500, str(e)).body()])
+        await events.finish()
+    except ConnectionResetError:
+        request[DISCONNECTED] = True
+    return events.response
