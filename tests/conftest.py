@@ -24,6 +24,25 @@ def tiny_path():
     return tiny_path()
 
 
+@pytest.fixture
+def llm_factory(tiny_path):
+    """llm_factory(backend, model=None, **kw) -> LLM; after the test every KV block of every
+    engine it made must be free again, and no request left unfinished."""
+    from kipp_core.llm import LLM
+
+    made = []
+
+    def make(backend: str = "oracle", model=None, **kw):
+        llm = LLM(str(model or tiny_path), backend=backend, **kw)
+        made.append(llm)
+        return llm
+
+    yield make
+    for llm in made:
+        assert not llm.engine.has_unfinished_requests()
+        llm.engine.block_manager.check_all_free()
+
+
 def small_config(**kw) -> ModelConfig:
     """A toy Qwen3 shape; by default tied, GQA 2, q width (128) != hidden (64)."""
     return dataclasses.replace(TINY.config, **kw)

@@ -6,8 +6,6 @@ import importlib.util
 
 import pytest
 
-from kipp_core.llm import LLM
-
 BACKENDS = ["oracle", "cuda", "mlx"]
 NEEDS = {"cuda": "torch", "mlx": "mlx"}
 
@@ -31,17 +29,11 @@ def backend(request):
 
 
 @pytest.fixture
-def make_llm(tiny_path, backend):
-    """LLM factory on the parametrized backend (float32); checks for leaked KV blocks after."""
-    made = []
+def make_llm(llm_factory, backend):
+    """LLM factory on the parametrized backend, float32 unless asked otherwise."""
 
     def make(model=None, **kw):
         kw.setdefault("dtype", "float32")
-        llm = LLM(str(model or tiny_path), backend=backend, **kw)
-        made.append(llm)
-        return llm
+        return llm_factory(backend, model, **kw)
 
-    yield make
-    for llm in made:
-        assert not llm.engine.has_unfinished_requests()
-        llm.engine.block_manager.check_all_free()
+    return make

@@ -1,0 +1,120 @@
+"""The paged KV cache: one pool per layer, addressed by the engine's block tables.
+
+Slot `block_id * block_size + offset` holds one token. Pools start small and grow (doubling, up to
+`num_blocks`) when a block table names a block beyond them, so memory is committed as the engine
+uses it. Writes are scatters into a pool that nothing else references, which MLX does in place.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from kipp_mlx.quant import QK8_0, dequantize_q8_0, quantize_q8_0
+
+_MIN_BLOCKS = 16
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype,
+        kv_quant: str | None = None,
+    ):
+        if kv_quant not in (None, "q8_0"):
+            raise ValueError(f"kv_quant must be None or 'q8_0', got {kv_quant!r}")
+        if kv_quant and head_dim % QK8_0:
+            raise ValueError(f"kv_quant 'q8_0' needs head_dim divisible by 32, got {head_dim}")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.dtype, self.kv_quant = dtype, kv_quant
+        self.capacity = 0  # blocks allocated
+        # dense: k[layer], v[layer]: [slots, num_kv_heads, head_dim] in dtype
+        # q8_0: k[layer] = (qs int8 [slots, Hkv, D], d fp16 [slots, Hkv, D / 32]), same for v
+        self.k: list = [None] * num_layers
+        self.v: list = [None] * num_layers
+        self.reserve(min(_MIN_BLOCKS, num_blocks) - 1)
+
+    @classmethod
+    def for_config(cls, cfg, num_blocks: int, block_size: int, dtype, kv_quant=None):
+        return cls(
+            cfg.num_hidden_layers,
+            num_blocks,
+            block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            dtype,
+            kv_quant,
+        )
+
+    @staticmethod
+    def bytes_per_token(cfg, itemsize: int, kv_quant: str | None = None) -> int:
+        """K and V of one token over all layers (q8_0: 32 int8 and one fp16 per block)."""
+        d = cfg.head_dim
+        per_head = d + d // QK8_0 * 2 if kv_quant else d * itemsize
+        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * per_head
+
+    def _empty(self, num_slots: int):
+        shape = (num_slots, self.num_kv_heads, self.head_dim)
+        if self.kv_quant:
+            d_shape = (num_slots, self.num_kv_heads, self.head_dim // QK8_0)
+            return mx.zeros(shape, mx.int8), mx.zeros(d_shape, mx.float16)
+        return mx.zeros(shape, self.dtype)
+
+    def reserve(self, max_block_id: int) -> None:
+        """Make sure block `max_block_id` exists."""
+        if max_block_id >= self.num_blocks:
+            raise ValueError(f"block id {max_block_id} is outside the pool of {self.num_blocks}")
+        if max_block_id < self.capacity:
+            return
+        new = min(self.num_blocks, max(max_block_id + 1, 2 * self.capacity, _MIN_BLOCKS))
+        extra = (new - self.capacity) * self.block_size
+        for pools in (self.k, self.v):
+            for i, p in enumerate(pools):
+                e = self._empty(extra)
+                if p is None:
+                    pools[i] = e
+                elif self.kv_quant:
+                    pools[i] = tuple(mx.concatenate([a, b]) for a, b in zip(p, e))
+                else:
+                    pools[i] = mx.concatenate([p, e])
+        self.capacity = new
+        mx.eval(self.arrays())
+
+    def arrays(self) -> list[mx.array]:
+        out = []
+        for p in self.k + self.v:
+            out.extend(p if isinstance(p, tuple) else [p])
+        return out
+
+    def write(self, layer: int, k: mx.array, v: mx.array, slot_mapping: mx.array) -> None:
+        """k, v: [T, num_kv_heads, head_dim] for the slots in slot_mapping [T]."""
+        for pools, x in ((self.k, k), (self.v, v)):
+            if self.kv_quant:
+                qs, d = quantize_q8_0(x)
+                pq, pd = pools[layer]
+                pq[slot_mapping] = qs
+                pd[slot_mapping] = d
+                pools[layer] = (pq, pd)
+            else:
+                p = pools[layer]
+                p[slot_mapping] = x.astype(self.dtype)
+                pools[layer] = p
+
+    def read(self, layer: int, slots: mx.array) -> tuple[mx.array, mx.array]:
+        """K, V of `slots` (any shape S) as [*S, num_kv_heads, head_dim] in the compute dtype."""
+        if self.kv_quant:
+            (kq, kd), (vq, vd) = self.k[layer], self.v[layer]
+            return (
+                dequantize_q8_0(kq[slots], kd[slots], self.dtype),
+                dequantize_q8_0(vq[slots], vd[slots], self.dtype),
+            )
+        return self.k[layer][slots], self.v[layer][slots]
+
+    def pools(self, layer: int) -> tuple[mx.array, mx.array]:
+        assert not self.kv_quant
+        return self.k[layer], self.v[layer]
