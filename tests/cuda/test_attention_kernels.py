@@ -7,24 +7,25 @@ shapes; the tests marked gpu run Qwen3 shapes on a CUDA device."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
 
-from kipp_core.quant import dequantize_q8_0, quantize_q8_0
+from kipp_core.quant import quantize_q8_0
 from kipp_cuda.kernels import decode_attention as dec
 from kipp_cuda.kernels import kv_write as kvw
 from kipp_cuda.kernels import prefill_attention as pre
+from tests.cuda.kernel_testing import (
+    DEV,
+    Paged,
+    naive_attention,
+    poisoned_empty,
+    skip_unless_runnable,
+)
 
-HAS_CUDA = torch.cuda.is_available()
-DEV = "cuda" if HAS_CUDA else "cpu"
-if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (Qwen3 shapes)")
+skip_unless_runnable()
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IDS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -34,104 +35,12 @@ TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=3e-3,
        torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
 
-@contextlib.contextmanager
-def poisoned_empty():
-    """torch.empty returns NaN-filled floats inside this block."""
-    was = torch.are_deterministic_algorithms_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was)
-        torch.utils.deterministic.fill_uninitialized_memory = fill
-
-
 def assert_close(out, expect, dtype):
     assert torch.isfinite(out).all(), "an output element was left unwritten (or read poison)"
     torch.testing.assert_close(out.float().cpu(), expect.float().cpu(), **TOL[dtype])
 
 
 # -- a paged context built independently of kv_write ------------------------------------------
-
-
-class Paged:
-    """Dense per-sequence K/V (as stored: dequantized for q8) and the same in a shuffled paged
-    cache; every cache position outside a context is NaN (the scale, for q8)."""
-
-    def __init__(self, ctx_lens, hkv, d, page, dtype, q8=False, seed=0, device=DEV,
-                 spare_blocks=3):
-        g = torch.Generator().manual_seed(seed)
-        self.ctx_lens = list(ctx_lens)
-        need = [math.ceil(n / page) for n in ctx_lens]
-        num_blocks = sum(need) + spare_blocks
-        max_blocks = max(need + [1]) + 2  # padding columns past every sequence's end
-        perm = torch.randperm(num_blocks, generator=g)
-        poison_block = int(perm[-1])  # never owned: tables' padding points here
-        shape = (num_blocks, page, hkv, d)
-        if q8:
-            kc = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-            vc = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-            ks = torch.full((*shape[:3], d // 32), float("nan"), dtype=torch.float16)
-            vs = ks.clone()
-        else:
-            kc = torch.full(shape, float("nan"), dtype=dtype)
-            vc = kc.clone()
-            ks = vs = None
-        bt = torch.full((len(ctx_lens), max_blocks), poison_block, dtype=torch.int32)
-        self.k, self.v = [], []  # dense float64 [n, hkv, d]
-        used = 0
-        for b, n in enumerate(ctx_lens):
-            blocks = perm[used:used + need[b]]
-            used += need[b]
-            bt[b, :need[b]] = blocks.to(torch.int32)
-            pos = torch.arange(n)
-            blk, off = blocks[pos // page], pos % page
-            kv = []
-            for cache, scale in ((kc, ks), (vc, vs)):
-                x = torch.randn(n, hkv, d, generator=g)
-                if q8 and n:
-                    qs, dd = quantize_q8_0(x.numpy())  # kipp_core's numpy q8_0, the outside ref
-                    cache[blk, off] = torch.from_numpy(qs)
-                    scale[blk, off] = torch.from_numpy(dd)
-                    kv.append(torch.from_numpy(dequantize_q8_0(qs, dd)).double())
-                elif q8:
-                    kv.append(x.double())
-                else:
-                    cache[blk, off] = x.to(dtype)
-                    kv.append(x.to(dtype).double())
-            self.k.append(kv[0])
-            self.v.append(kv[1])
-        to = dict(device=device)
-        self.k_cache, self.v_cache = kc.to(**to), vc.to(**to)
-        self.k_scale = None if ks is None else ks.to(**to)
-        self.v_scale = None if vs is None else vs.to(**to)
-        self.block_tables = bt.to(**to)
-        self.context_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
-
-    def cache_args(self):
-        return self.k_cache, self.v_cache
-
-    def scales(self):
-        return self.k_scale, self.v_scale
-
-
-def naive_attention(q, p: Paged, q_lens, scale):
-    """float64 causal attention over the dense K/V: q [T, Hq, D] -> [T, Hq, D]."""
-    q = q.double().cpu()
-    out = torch.zeros_like(q)
-    t0 = 0
-    for b, lq in enumerate(q_lens):
-        n = p.ctx_lens[b]
-        kv_head = torch.arange(q.shape[1]) // (q.shape[1] // p.k[b].shape[1])
-        k, v = p.k[b][:, kv_head], p.v[b][:, kv_head]  # [n, Hq, D]
-        s = torch.einsum("qhd,nhd->hqn", q[t0:t0 + lq], k) * scale
-        q_pos = torch.arange(n - lq, n)
-        s[:, torch.arange(n)[None, :] > q_pos[:, None]] = float("-inf")
-        out[t0:t0 + lq] = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
-        t0 += lq
-    return out
 
 
 # -- kv_write ---------------------------------------------------------------------------------
@@ -348,113 +257,3 @@ def test_prefill_config_is_deterministic():
     small = pre.prefill_config(4, 4, torch.bfloat16)
     assert small["BLOCK_M"] == 16 and small["BLOCK_Q"] == 4
     assert pre.prefill_config(1, 5, torch.bfloat16)["BLOCK_Q"] == 3
-
-
-# -- GPU: Qwen3 shapes ------------------------------------------------------------------------
-
-
-def _gpu_paged(ctx_lens, hkv, dtype=torch.bfloat16, q8=False, seed=0):
-    # Built on the GPU directly (the CPU Paged builder is slow at 16k): no dense copies kept.
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    page, d = 32, 128
-    need = [math.ceil(n / page) for n in ctx_lens]
-    num_blocks = sum(need) + 1
-    shape = (num_blocks, page, hkv, d)
-    if q8:
-        kc = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8, device="cuda")
-        vc = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8, device="cuda")
-        ks = (torch.rand(*shape[:3], d // 32, generator=g, device="cuda") / 64).half()
-        vs = (torch.rand(*shape[:3], d // 32, generator=g, device="cuda") / 64).half()
-    else:
-        kc = torch.randn(shape, generator=g, device="cuda").to(dtype)
-        vc = torch.randn(shape, generator=g, device="cuda").to(dtype)
-        ks = vs = None
-    perm = torch.randperm(num_blocks, generator=g, device="cuda").to(torch.int32)
-    bt = torch.full((len(ctx_lens), max(need)), int(perm[-1]), dtype=torch.int32, device="cuda")
-    used = 0
-    for b, n in enumerate(need):
-        bt[b, :n] = perm[used:used + n]
-        used += n
-    lens = torch.tensor(ctx_lens, dtype=torch.int32, device="cuda")
-    return kc, vc, ks, vs, bt, lens
-
-
-@gpu
-@pytest.mark.parametrize("hq", [16, 32, 40, 64])
-@pytest.mark.parametrize("case", ["b1-16k", "b64-2k", "b256-1k", "ragged"])
-def test_gpu_decode_qwen3_shapes(case, hq):
-    ctx = {"b1-16k": [16384], "b64-2k": [2048] * 64, "b256-1k": [1000] * 256,
-           "ragged": [1, 31, 32, 33, 4095, 9000, 0, 513]}[case]
-    for q8 in (False, True):
-        kc, vc, ks, vs, bt, lens = _gpu_paged(ctx, 8, q8=q8, seed=hq)
-        q = torch.randn(len(ctx), hq, 128, device="cuda", dtype=torch.bfloat16)
-        with poisoned_empty():
-            out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 128**-0.5, ks, vs,
-                                                 max_context_len=max(ctx))
-        ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 128**-0.5, ks, vs)
-        assert_close(out, ref, torch.bfloat16)
-
-
-@gpu
-def test_gpu_decode_cuda_graph_replay():
-    # One graph per (batch, max_context_len); replays see new lengths, tables and queries.
-    B, max_ctx = 8, 4096
-    kc, vc, _, _, bt, lens = _gpu_paged([max_ctx] * B, 8, seed=1)
-    q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
-    out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, max_context_len=max_ctx)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, max_context_len=max_ctx)
-    for new_lens in ([4096, 1, 0, 33, 2048, 31, 4000, 64], [5] * B):
-        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
-        bt.copy_(bt.flip(0))
-        q.normal_()
-        graph.replay()
-        ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 0.088)
-        assert_close(out, ref, torch.bfloat16)
-
-
-@gpu
-@pytest.mark.parametrize("hq", [16, 32, 40, 64])
-@pytest.mark.parametrize("case", ["1x4k", "chunk-1k-after-7k", "mixed", "verify-q4",
-                                  "verify-b1-16k"])
-def test_gpu_prefill_qwen3_shapes(case, hq):
-    seqs = {"1x4k": [(4096, 0)], "chunk-1k-after-7k": [(1024, 7000)],
-            "mixed": [(513, 0), (1, 2000), (64, 64), (777, 31)],
-            "verify-q4": [(4, 1000)] * 32, "verify-b1-16k": [(5, 16379)]}[case]
-    q_lens = [lq for lq, _ in seqs]
-    ctx = [lq + p for lq, p in seqs]
-    for q8 in (False, True):
-        kc, vc, ks, vs, bt, lens = _gpu_paged(ctx, 8, q8=q8, seed=hq)
-        q = torch.randn(sum(q_lens), hq, 128, device="cuda", dtype=torch.bfloat16)
-        cu = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device="cuda")
-        args = (q, kc, vc, bt, cu, lens, 128**-0.5, max(q_lens), ks, vs)
-        with poisoned_empty():
-            out = pre._paged_prefill_attention_op(*args)
-        assert_close(out, pre.paged_prefill_attention_ref(*args), torch.bfloat16)
-
-
-@gpu
-def test_gpu_prefill_16k_and_kv_write():
-    T, hkv = 16384, 8
-    kc, vc, _, _, bt, lens = _gpu_paged([T], hkv, seed=2)
-    k = torch.randn(T, hkv, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    slots = (bt[0].long()[:, None] * 32 + torch.arange(32, device="cuda")).flatten()[:T]
-    kvw._kv_write_op(k, v, kc, vc, slots)
-    assert torch.equal(kc.view(-1, hkv, 128)[slots], k)
-    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
-    args = (q, kc, vc, bt, cu, lens, 128**-0.5, T)
-    with poisoned_empty():
-        out = pre._paged_prefill_attention_op(*args)
-    assert_close(out, pre.paged_prefill_attention_ref(*args), torch.bfloat16)
-
-
-@gpu
-def test_gpu_bench_specs_run():
-    for mod in (kvw, dec, pre):
-        for spec in mod.bench_specs():
-            spec["fn"]()
-            assert spec["bytes"] > 0
-    torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""rms_norm, qk_norm_rope, silu_and_mul, the q8_0 and affine matmuls and the sampler noise: each
+"""rms_norm, qk_norm_rope, silu_and_mul and the sampler noise (matmuls: test_matmul_kernels): each
 Triton op against its torch reference, and the references against float64 numpy (the quantized
 ones against kipp_core.quant's dequantizers). Outputs are born NaN (deterministic mode fills
 torch.empty), so an op that leaves an element unwritten fails. On CPU the kernels run under
@@ -6,15 +6,11 @@ TRITON_INTERPRET=1 at small, awkward shapes; the tests marked gpu run Qwen3 shap
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import numpy as np
 import pytest
 import torch
 
 from kipp_core import sampling as S
-from kipp_core.quant import dequantize_affine, dequantize_q8_0, quantize_affine, quantize_q8_0
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
 from kipp_cuda.kernels import noise as nz
@@ -23,57 +19,20 @@ from kipp_cuda.kernels import qk_norm_rope as qr
 from kipp_cuda.kernels import rms_norm as rn
 from kipp_cuda.kernels import swiglu as sw
 from oracle.qwen3 import rope_cos_sin
+from tests.cuda.kernel_testing import (
+    DEV,
+    DTYPES,
+    HAS_CUDA,
+    IDS,
+    close,
+    gen,
+    randn,
+    run,
+    skip_unless_runnable,
+)
 
-HAS_CUDA = torch.cuda.is_available()
-DEV = "cuda" if HAS_CUDA else "cpu"
-if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+skip_unless_runnable()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (Qwen3 shapes)")
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-IDS = ["f32", "f16", "bf16"]
-# Op vs ref: the same arithmetic up to reduction order, except that the CPU interpreter rounds
-# float32 -> bfloat16 toward zero (1 ulp); each output is rounded to the dtype at most twice.
-TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-@contextlib.contextmanager
-def poisoned_empty():
-    """torch.empty returns NaN-filled floats (and max ints) inside this block."""
-    was = torch.are_deterministic_algorithms_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was)
-        torch.utils.deterministic.fill_uninitialized_memory = fill
-
-
-def run(op, *args, **kw):
-    with poisoned_empty():
-        out = op(*args, **kw)
-    for t in out if isinstance(out, tuple) else (out,):
-        assert torch.isfinite(t).all(), "an output element was left unwritten"
-    return out
-
-
-def close(got, want, dtype, scale=None):
-    """Elementwise within TOL[dtype] relative, plus TOL * scale absolute (scale defaults to the
-    largest |want|, for outputs that are sums with cancellation)."""
-    got, want = got.double().cpu(), want.double().cpu()
-    tol = TOL[dtype]
-    s = want.abs().max().item() if scale is None else scale
-    torch.testing.assert_close(got, want, rtol=tol, atol=tol * max(s, 1e-30))
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def randn(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    return (torch.randn(*shape, generator=gen(seed)) * scale).to(dtype).to(DEV)
 
 
 def test_public_ops_are_dispatched_with_raw_ops_importable():
@@ -209,111 +168,6 @@ def test_silu_and_mul(dtype, T, I):
     close(ref, g / (1 + torch.exp(-g)) * u, dtype)
 
 
-# -- q8_0 matmul --------------------------------------------------------------------------------
-
-
-def q8_weights(N, K, seed):
-    w = np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32)
-    qs, d = quantize_q8_0(w)
-    return (torch.from_numpy(qs).to(DEV), torch.from_numpy(d).to(DEV),
-            torch.from_numpy(dequantize_q8_0(qs, d).astype(np.float64)))
-
-
-# T = 1 takes the GEMV (uneven group blocks; split-K where N is small), T in 2..16 the 16-row
-# tl.dot path with split-K, larger T the prefill tiles (an uneven K block at K = 352).
-Q8_CASES = [(1, 781, 1856), (1, 5, 4096), (3, 40, 2048), (16, 70, 96), (37, 130, 352)]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("T,N,K", Q8_CASES)
-def test_q8_0_matmul(dtype, T, N, K):
-    qs, d, w64 = q8_weights(N, K, seed=T + N)
-    x = randn(T, K, dtype=dtype, seed=14)
-    out = run(qm._q8_0_matmul_op, x, qs, d)
-    assert out.shape == (T, N) and out.dtype == dtype
-    want = x.double().cpu() @ w64.T
-    close(out, want, dtype)
-    close(qm.q8_0_matmul_ref(x, qs, d), want, dtype)
-
-
-def test_q8_0_split_k_is_deterministic_and_rearms_its_counters():
-    qs, d, w64 = q8_weights(5, 4096, seed=3)
-    x = randn(1, 4096, seed=15)
-    assert qm.gemv_config(5, 128, torch.device(DEV))["SPLIT_K"] > 1
-    first = run(qm._q8_0_matmul_op, x, qs, d)
-    for _ in range(2):
-        assert torch.equal(run(qm._q8_0_matmul_op, x, qs, d), first)
-    close(first, x.double().cpu() @ w64.T, torch.float32)
-
-
-def test_q8_0_embedding():
-    qs, d, w64 = q8_weights(50, 96, seed=4)
-    ids = torch.tensor([0, 49, 7, 7], device=DEV)
-    got = qm.q8_0_embedding(ids, qs, d)
-    assert torch.equal(got.double().cpu(), w64[ids.cpu()])
-
-
-def test_q8_0_rejects_bad_operands():
-    qs, d, _ = q8_weights(4, 64, seed=5)
-    with pytest.raises(ValueError, match="K"):
-        qm.q8_0_matmul(randn(1, 32), qs, d)
-    with pytest.raises(ValueError, match="float16"):
-        qm.q8_0_matmul(randn(1, 64), qs, d.float())
-
-
-# -- affine matmul ------------------------------------------------------------------------------
-
-
-def affine_weights(N, K, bits, gs, seed, sdtype):
-    w = np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32)
-    packed, s, b = quantize_affine(w, bits, gs)
-    assert (s < 0).any()  # MLX's algorithm makes negative scales; they must work
-    s_t = torch.from_numpy(s).to(sdtype)
-    b_t = torch.from_numpy(b).to(sdtype)
-    w64 = dequantize_affine(packed, s_t.double().numpy(), b_t.double().numpy(), bits, gs)
-    wq = torch.from_numpy(packed.view(np.int32))
-    return wq.to(DEV), s_t.to(DEV), b_t.to(DEV), torch.from_numpy(w64.astype(np.float64))
-
-
-AFFINE_CASES = [(1, 4, 32, 781, 1856), (1, 8, 32, 5, 4096), (1, 4, 128, 37, 1024),
-                (5, 8, 64, 45, 512), (16, 4, 32, 40, 2048), (37, 4, 32, 130, 352),
-                (20, 8, 128, 70, 512)]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("T,bits,gs,N,K", AFFINE_CASES)
-def test_affine_matmul(dtype, T, bits, gs, N, K):
-    wq, s, b, w64 = affine_weights(N, K, bits, gs, seed=T + N + bits, sdtype=dtype)
-    x = randn(T, K, dtype=dtype, seed=16)
-    out = run(am._affine_matmul_op, x, wq, s, b, bits, gs)
-    assert out.shape == (T, N) and out.dtype == dtype
-    want = x.double().cpu() @ w64.T
-    close(out, want, dtype)
-    close(am.affine_matmul_ref(x, wq, s, b, bits, gs), want, dtype)
-
-
-def test_affine_takes_uint32_words_and_any_float_scales():
-    wq, s, b, w64 = affine_weights(9, 256, 4, 32, seed=6, sdtype=torch.float32)
-    x = randn(1, 256, dtype=torch.bfloat16, seed=17)
-    out = run(am._affine_matmul_op, x, wq.view(torch.uint32), s, b, 4, 32)
-    close(out, x.double().cpu() @ w64.T, torch.bfloat16)
-
-
-def test_affine_embedding():
-    wq, s, b, w64 = affine_weights(20, 128, 4, 32, seed=7, sdtype=torch.float32)
-    ids = torch.tensor([19, 0, 3], device=DEV)
-    got = am.affine_embedding(ids, wq, s, b, 4, 32)
-    torch.testing.assert_close(got.double().cpu(), w64[ids.cpu()], rtol=1e-6, atol=1e-6)
-
-
-def test_affine_rejects_bad_operands():
-    wq, s, b, _ = affine_weights(4, 64, 4, 32, seed=8, sdtype=torch.float32)
-    with pytest.raises(ValueError, match="bits"):
-        am.affine_matmul(randn(1, 64), wq, s, b, 3, 32)
-    with pytest.raises(ValueError, match="wq"):
-        am.affine_matmul(randn(1, 128), wq, s, b, 4, 32)
-
-
 # -- noise --------------------------------------------------------------------------------------
 
 NOISE_KEYS = [(0, 0, 0, 0), (2**64 - 1, 3, 17, 1), (-9, 1, 2**31, 0), (123456789, 7, 5, 0)]
@@ -406,26 +260,6 @@ def test_gpu_norms_and_activation_at_qwen3_shapes(T):
 
 
 @gpu
-@pytest.mark.parametrize("proj", ["qkv", "o", "gate_up", "down"])
-def test_gpu_quantized_matmuls_at_8b_shapes(proj):
-    N, K = bench.linear_shapes()["8B"][proj]
-    w = (torch.randn(N, K, generator=gen(26)) * 0.02).numpy()
-    qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
-    affine = {}
-    for bits in (4, 8):
-        packed, s, b = quantize_affine(w, bits, 32)
-        affine[bits] = (torch.from_numpy(packed.view(np.int32)).to(DEV),
-                        torch.from_numpy(s).to(DEV, torch.bfloat16),
-                        torch.from_numpy(b).to(DEV, torch.bfloat16), bits, 32)
-    for T in (1, 2, 16, 17, 256, 2048):  # GEMV, 16-row split-K dots, prefill tiles
-        x = randn(T, K, dtype=torch.bfloat16, seed=T)
-        close(run(qm.q8_0_matmul, x, qs, d), qm.q8_0_matmul_ref(x, qs, d), torch.bfloat16)
-        for args in affine.values():
-            close(run(am.affine_matmul, x, *args), am.affine_matmul_ref(x, *args),
-                  torch.bfloat16)
-
-
-@gpu
 def test_gpu_noise_over_the_vocabulary():
     keys = [S.noise_keys(s, 0, 9, 0) for s in range(64)]
     k1 = torch.tensor([a for a, _ in keys], device=DEV)
@@ -442,27 +276,3 @@ def test_gpu_bench_runs_and_reports():
     assert 0 < rows[0]["ceiling_gb_s"] and 0 < rows[0]["ceiling_tflop_s"]
 
 
-@pytest.mark.parametrize("N,K", [(1, 64), (37, 300), (1024, 96), (130, 2048)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dense_gemv(N, K, dtype):
-    from kipp_cuda.kernels.dense_gemv import _dense_gemv_op
-
-    g = torch.Generator().manual_seed(N + K)
-    x = torch.randn(1, K, generator=g).to(dtype)
-    w = torch.randn(N, K, generator=g).to(dtype)
-    got = _dense_gemv_op(x, w).float()
-    ref = (x.double() @ w.double().T).float()
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    assert torch.allclose(got, ref, rtol=tol, atol=tol * K**0.5)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 3072), (24576, 4096), (151936, 1024)])
-def test_gpu_dense_gemv_qwen3_shapes(N, K):
-    from kipp_cuda.kernels.dense_gemv import _dense_gemv_op
-
-    x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    ref = x.double() @ w.double().T
-    err = (_dense_gemv_op(x, w).double() - ref).norm() / ref.norm()
-    assert err < 5e-3

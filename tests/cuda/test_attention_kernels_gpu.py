@@ -1,0 +1,126 @@
+"""The attention kernels at Qwen3 shapes on a GPU (skipped without one)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kipp_cuda.kernels import decode_attention as dec
+from kipp_cuda.kernels import kv_write as kvw
+from kipp_cuda.kernels import prefill_attention as pre
+from tests.cuda.kernel_testing import HAS_CUDA, poisoned_empty
+from tests.cuda.test_attention_kernels import assert_close
+
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (Qwen3 shapes)")
+
+# -- GPU: Qwen3 shapes ------------------------------------------------------------------------
+
+
+def _gpu_paged(ctx_lens, hkv, dtype=torch.bfloat16, q8=False, seed=0):
+    # Built on the GPU directly (the CPU Paged builder is slow at 16k): no dense copies kept.
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    page, d = 32, 128
+    need = [math.ceil(n / page) for n in ctx_lens]
+    num_blocks = sum(need) + 1
+    shape = (num_blocks, page, hkv, d)
+    if q8:
+        kc = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8, device="cuda")
+        vc = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8, device="cuda")
+        ks = (torch.rand(*shape[:3], d // 32, generator=g, device="cuda") / 64).half()
+        vs = (torch.rand(*shape[:3], d // 32, generator=g, device="cuda") / 64).half()
+    else:
+        kc = torch.randn(shape, generator=g, device="cuda").to(dtype)
+        vc = torch.randn(shape, generator=g, device="cuda").to(dtype)
+        ks = vs = None
+    perm = torch.randperm(num_blocks, generator=g, device="cuda").to(torch.int32)
+    bt = torch.full((len(ctx_lens), max(need)), int(perm[-1]), dtype=torch.int32, device="cuda")
+    used = 0
+    for b, n in enumerate(need):
+        bt[b, :n] = perm[used:used + n]
+        used += n
+    lens = torch.tensor(ctx_lens, dtype=torch.int32, device="cuda")
+    return kc, vc, ks, vs, bt, lens
+
+
+@gpu
+@pytest.mark.parametrize("hq", [16, 32, 40, 64])
+@pytest.mark.parametrize("case", ["b1-16k", "b64-2k", "b256-1k", "ragged"])
+def test_gpu_decode_qwen3_shapes(case, hq):
+    ctx = {"b1-16k": [16384], "b64-2k": [2048] * 64, "b256-1k": [1000] * 256,
+           "ragged": [1, 31, 32, 33, 4095, 9000, 0, 513]}[case]
+    for q8 in (False, True):
+        kc, vc, ks, vs, bt, lens = _gpu_paged(ctx, 8, q8=q8, seed=hq)
+        q = torch.randn(len(ctx), hq, 128, device="cuda", dtype=torch.bfloat16)
+        with poisoned_empty():
+            out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 128**-0.5, ks, vs,
+                                                 max_context_len=max(ctx))
+        ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 128**-0.5, ks, vs)
+        assert_close(out, ref, torch.bfloat16)
+
+
+@gpu
+def test_gpu_decode_cuda_graph_replay():
+    # One graph per (batch, max_context_len); replays see new lengths, tables and queries.
+    B, max_ctx = 8, 4096
+    kc, vc, _, _, bt, lens = _gpu_paged([max_ctx] * B, 8, seed=1)
+    q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
+    out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, max_context_len=max_ctx)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, max_context_len=max_ctx)
+    for new_lens in ([4096, 1, 0, 33, 2048, 31, 4000, 64], [5] * B):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        bt.copy_(bt.flip(0))
+        q.normal_()
+        graph.replay()
+        ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 0.088)
+        assert_close(out, ref, torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("hq", [16, 32, 40, 64])
+@pytest.mark.parametrize("case", ["1x4k", "chunk-1k-after-7k", "mixed", "verify-q4",
+                                  "verify-b1-16k"])
+def test_gpu_prefill_qwen3_shapes(case, hq):
+    seqs = {"1x4k": [(4096, 0)], "chunk-1k-after-7k": [(1024, 7000)],
+            "mixed": [(513, 0), (1, 2000), (64, 64), (777, 31)],
+            "verify-q4": [(4, 1000)] * 32, "verify-b1-16k": [(5, 16379)]}[case]
+    q_lens = [lq for lq, _ in seqs]
+    ctx = [lq + p for lq, p in seqs]
+    for q8 in (False, True):
+        kc, vc, ks, vs, bt, lens = _gpu_paged(ctx, 8, q8=q8, seed=hq)
+        q = torch.randn(sum(q_lens), hq, 128, device="cuda", dtype=torch.bfloat16)
+        cu = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device="cuda")
+        args = (q, kc, vc, bt, cu, lens, 128**-0.5, max(q_lens), ks, vs)
+        with poisoned_empty():
+            out = pre._paged_prefill_attention_op(*args)
+        assert_close(out, pre.paged_prefill_attention_ref(*args), torch.bfloat16)
+
+
+@gpu
+def test_gpu_prefill_16k_and_kv_write():
+    T, hkv = 16384, 8
+    kc, vc, _, _, bt, lens = _gpu_paged([T], hkv, seed=2)
+    k = torch.randn(T, hkv, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = (bt[0].long()[:, None] * 32 + torch.arange(32, device="cuda")).flatten()[:T]
+    kvw._kv_write_op(k, v, kc, vc, slots)
+    assert torch.equal(kc.view(-1, hkv, 128)[slots], k)
+    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+    args = (q, kc, vc, bt, cu, lens, 128**-0.5, T)
+    with poisoned_empty():
+        out = pre._paged_prefill_attention_op(*args)
+    assert_close(out, pre.paged_prefill_attention_ref(*args), torch.bfloat16)
+
+
+@gpu
+def test_gpu_bench_specs_run():
+    for mod in (kvw, dec, pre):
+        for spec in mod.bench_specs():
+            spec["fn"]()
+            assert spec["bytes"] > 0
+    torch.cuda.synchronize()
