@@ -181,6 +181,15 @@ class LLMEngine:
                 self._finish(st, "abort")
         return True
 
+    def abort_all(self) -> list[str]:
+        """Abort every request and forget it at once, without another step (after a step failed):
+        all blocks are freed and no outputs are reported. Returns the request ids."""
+        ids = list(self.requests)
+        for rid in ids:
+            self.abort_request(rid)
+            del self.requests[rid]
+        return ids
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

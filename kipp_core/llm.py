@@ -208,10 +208,7 @@ class LLM:
                         if bar is not None:
                             bar.update(1)
         except BaseException:
-            for rid in order:
-                if rid not in results:
-                    engine.abort_request(rid)
-            engine.step()  # report and drop the aborted requests
+            engine.abort_all()  # a failed step must not run again; every block is freed
             raise
         finally:
             if bar is not None:

@@ -207,19 +207,7 @@ class AsyncEngine:
         """A step raised: fail every request in flight (any of them may be the cause), free their
         blocks, and keep serving."""
         log.error("engine step failed; aborting requests in flight", exc_info=exc)
-        engine = self.engine
-        request_ids = list(engine.requests)
-        for rid in request_ids:
-            try:
-                engine.abort_request(rid)
-            except Exception:
-                log.exception("abort of %s failed", rid)
-        try:
-            engine.step()  # reports and drops the aborted requests
-        except Exception:
-            log.exception("engine step after the failure also failed")
-            for rid in request_ids:  # what step() would have done once they were reported
-                engine.requests.pop(rid, None)
+        request_ids = self.engine.abort_all()
         error = EngineFailure(
             f"the inference engine failed while running this request ({type(exc).__name__}); "
             "it was aborted"
