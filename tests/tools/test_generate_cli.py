@@ -1,0 +1,67 @@
+"""`kipp generate` as a user runs it: text and JSON on kipp-tiny, and exit code 2 with one line
+for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.tools.test_cli import kipp
+
+
+def test_help():
+    p = kipp("generate", "--help")
+    assert p.returncode == 0 and "examples:" in p.stdout
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_json_output(chat, tiny_path):
+    from kipp_core.chat import render
+    from kipp_core.tokenizer import Tokenizer
+
+    args = ["generate", "Write a haiku about the sea", "--json", "--max-tokens", "5",
+            "--temperature", "0", "--backend", "oracle"] + (["--chat"] if chat else [])
+    p = kipp(*args)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) == {"text", "token_ids", "prompt_token_ids", "finish_reason"}
+    tok = Tokenizer(tiny_path)
+    prompt = "Write a haiku about the sea"
+    if chat:
+        prompt = render([{"role": "user", "content": prompt}])
+    assert out["prompt_token_ids"] == tok.encode(prompt)
+    assert len(out["token_ids"]) == 5 and out["finish_reason"] == "length"
+    assert out["text"] == tok.decode(out["token_ids"], skip_special_tokens=True)
+
+
+def test_text_output_and_stdin():
+    p = kipp("generate", "--max-tokens", "4", "--backend", "oracle", stdin="Once upon a time")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.endswith("\n") and len(p.stdout) > 1
+
+
+LONG = "word " * 5000  # > 4096 tokens, kipp-tiny's context
+
+BAD = {
+    "empty prompt": (["generate", "   "], None),
+    "missing model": (["generate", "hi", "--model", "/no/such/dir"], None),
+    "bad int": (["generate", "hi", "--max-tokens", "x"], None),
+    "zero max tokens": (["generate", "hi", "--max-tokens", "0"], None),
+    "bad temperature": (["generate", "hi", "--temperature", "-1", "--backend", "oracle"], None),
+    "too long": (["generate", "--backend", "oracle"], LONG),
+    "unknown backend": (["generate", "hi", "--backend", "tpu"], None),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_exits_2_with_one_line(name):
+    args, stdin = BAD[name]
+    p = kipp(*args, stdin=stdin or "")
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    lines = [x for x in p.stderr.splitlines() if not x.startswith("kipp: ")]  # log lines
+    assert len(lines) == 1 and lines[0].startswith("kipp generate"), p.stderr
+    if name == "too long":
+        assert "context holds 4096" in lines[0]
+
