@@ -99,3 +99,40 @@ def test_tensor_parallel_gloo_equals_single(tiny_path):
             o.token_ids for o in one.generate(ps, GREEDY)]
     finally:
         two.backend.close()
+
+
+def test_tensor_parallel_with_q8_0_weights_equals_single(tiny_path):
+    one = LLM(str(tiny_path), backend="cuda", dtype="float32", quant="q8_0")
+    two = LLM(str(tiny_path), backend="cuda", dtype="float32", quant="q8_0", tensor_parallel=2)
+    try:
+        assert rel_err(two.logits(PROMPT), one.logits(PROMPT)) <= 1e-5
+    finally:
+        two.backend.close()
+
+
+DIES = """
+import os, signal, sys, time
+from kipp_core.llm import LLM
+from kipp_core.sampling import SamplingParams
+llm = LLM(sys.argv[1], backend="cuda", dtype="float32", tensor_parallel=2)
+print("pids", " ".join(str(p.pid) for p in llm.backend.procs), flush=True)
+os.kill(llm.backend.procs[0].pid, signal.SIGKILL)
+time.sleep(5)
+llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+print("not reached", flush=True)
+"""
+
+
+def test_a_dead_worker_ends_the_process_with_a_clear_message(tiny_path):
+    """No hang and no process left behind when a tensor-parallel worker dies."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", DIES, str(tiny_path)], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert p.returncode != 0 and "not reached" not in p.stdout
+    assert "tensor-parallel worker" in p.stderr and "died" in p.stderr
+    pids = [int(x) for x in p.stdout.split("pids", 1)[1].split()]
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
