@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 
 from kipp_core.backend import Backend, ModelInput, SeqInput, SeqOutput
 from kipp_core.block_manager import BlockManager
-from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from kipp_core.sampling import SamplerState, SamplingParams
+from kipp_core.outputs import RequestMetrics, RequestOutput
+from kipp_core.request import Request, SeqState, request_output
+from kipp_core.sampling import SamplerState, SamplingParams, stop_token_set
 from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from kipp_core.sequence import SeqStatus, Sequence
 from kipp_core.stats import EngineCounters
 from kipp_core.stop import StopMatcher
-from kipp_core.tokenizer import IncrementalDetokenizer, Tokenizer
+from kipp_core.tokenizer import Tokenizer
 
 log = logging.getLogger("kipp")
 
@@ -33,29 +34,6 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: object | None = None  # a kipp_core.spec_decode.SpecConfig
-
-
-@dataclass
-class _SeqState:
-    seq: Sequence
-    detok: IncrementalDetokenizer
-    stop: StopMatcher
-    text: str = ""
-    delta_text: str = ""
-    delta_ids: list[int] = field(default_factory=list)
-    delta_logprobs: list = field(default_factory=list)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    states: list[_SeqState]
-    metrics: RequestMetrics
-    prompt: str | None = None
-    score_only: bool = False
-    reported_finished: bool = False
 
 
 class LLMEngine:
@@ -85,7 +63,7 @@ class LLMEngine:
                 f"tokens; raise the KV budget or lower max_model_len"
             )
         self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[str, Request] = {}
         self._seq_counter = 0
         self.spec = None
         if self.config.speculative is not None:
@@ -127,7 +105,7 @@ class LLMEngine:
                 seq.prompt_logprobs = [None]
             seq.spec_enabled = self.spec is not None and not score_only
             states.append(
-                _SeqState(
+                SeqState(
                     seq,
                     self.tokenizer.detokenizer(params.skip_special_tokens),
                     StopMatcher(params.stop_strings, params.include_stop_str_in_output),
@@ -142,7 +120,7 @@ class LLMEngine:
             for s in added:
                 self.scheduler.finish(s, "abort")
             raise
-        self.requests[request_id] = _Request(
+        self.requests[request_id] = Request(
             request_id, list(ids), params, states, metrics, prompt, score_only
         )
 
@@ -234,7 +212,7 @@ class LLMEngine:
                 seq.stream,
                 seq.prompt_token_ids,
                 seq.output_token_ids,
-                self._stop_ids(p),
+                self.stop_ids(p),
             )
             inp.num_logprobs = p.logprobs
             if s.draft_token_ids:
@@ -242,9 +220,8 @@ class LLMEngine:
                 inp.draft_probs = drafts[seq.seq_id][1]
         return inp
 
-    def _stop_ids(self, p: SamplingParams) -> tuple[int, ...]:
-        extra = tuple(p.stop_token_ids or ())
-        return extra if p.ignore_eos else self.eos_token_ids + extra
+    def stop_ids(self, p: SamplingParams) -> tuple[int, ...]:
+        return stop_token_set(p, self.eos_token_ids)
 
     def _postprocess(self, s: ScheduledSeq, out: SeqOutput, now: float) -> None:
         seq = s.seq
@@ -282,9 +259,9 @@ class LLMEngine:
                 self._finish(st, reason)
                 break
 
-    def _check_stop(self, st: _SeqState, tok: int) -> str | None:
+    def _check_stop(self, st: SeqState, tok: int) -> str | None:
         seq, p = st.seq, st.seq.params
-        if tok in self._stop_ids(p) and len(seq.output_token_ids) > p.min_tokens:
+        if tok in self.stop_ids(p) and len(seq.output_token_ids) > p.min_tokens:
             seq.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
             return "stop"
         emitted, stopped = st.stop.feed(st.detok.add(tok))
@@ -299,7 +276,7 @@ class LLMEngine:
             return "length"
         return None
 
-    def _finish(self, st: _SeqState, reason: str) -> None:
+    def _finish(self, st: SeqState, reason: str) -> None:
         seq = st.seq
         if reason != "abort" and not st.stop.stopped:
             tail = st.stop.feed(st.detok.flush())[0] + st.stop.flush()
@@ -317,51 +294,13 @@ class LLMEngine:
             done = all(st.seq.is_finished for st in req.states)
             if not changed and not done:
                 continue
-            results.append(self._request_output(req, done))
+            results.append(request_output(req, done))
             for st in req.states:
                 st.delta_text, st.delta_ids, st.delta_logprobs = "", [], []
             if done:
                 del self.requests[rid]
                 self.stats.record_finished(req)
         return results
-
-    def _request_output(self, req: _Request, done: bool) -> RequestOutput:
-        m = req.metrics
-        seqs = [st.seq for st in req.states]
-        m.first_scheduled_time = min(
-            (s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None),
-            default=None,
-        )
-        m.num_output_tokens = sum(len(s.output_token_ids) for s in seqs)
-        m.num_cached_tokens = max(s.num_cached_tokens for s in seqs)
-        if done:
-            m.finished_time = max(s.finished_time or time.monotonic() for s in seqs)
-        outs = []
-        for st in req.states:
-            s = st.seq
-            outs.append(
-                CompletionOutput(
-                    index=s.stream,
-                    text=st.text,
-                    token_ids=list(s.output_token_ids),
-                    logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
-                    finish_reason=s.finish_reason,
-                    stop_reason=s.stop_reason,
-                    text_delta=st.delta_text,
-                    token_ids_delta=list(st.delta_ids),
-                    logprobs_delta=list(st.delta_logprobs),
-                )
-            )
-        plp = seqs[0].prompt_logprobs if req.params.prompt_logprobs is not None else None
-        return RequestOutput(
-            req.request_id,
-            req.prompt_token_ids,
-            outs,
-            done,
-            m,
-            req.prompt,
-            list(plp) if plp is not None else None,
-        )
 
     # -- direct use -------------------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ class SpecDecoder:
             return {}
         if self.draft is not None:
             return self.draft.propose(
-                cands, {s.seq_id: min(k, self._room(s)) for s in cands}, self.engine._stop_ids
+                cands, {s.seq_id: min(k, self._room(s)) for s in cands}, self.engine.stop_ids
             )
         out = {}
         for s in cands:

@@ -1,0 +1,75 @@
+"""The engine's record of one request: its sequences with their detokenizer and stop matcher,
+and the RequestOutput built from them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kipp_core.sampling import SamplingParams
+from kipp_core.sequence import Sequence
+from kipp_core.stop import StopMatcher
+from kipp_core.tokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class SeqState:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    stop: StopMatcher
+    text: str = ""
+    delta_text: str = ""
+    delta_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list = field(default_factory=list)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    states: list[SeqState]
+    metrics: RequestMetrics
+    prompt: str | None = None
+    score_only: bool = False
+
+
+def request_output(req: Request, done: bool) -> RequestOutput:
+    """The request's RequestOutput now: cumulative fields plus what is new since the last one."""
+    m = req.metrics
+    seqs = [st.seq for st in req.states]
+    m.first_scheduled_time = min(
+        (s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None),
+        default=None,
+    )
+    m.num_output_tokens = sum(len(s.output_token_ids) for s in seqs)
+    m.num_cached_tokens = max(s.num_cached_tokens for s in seqs)
+    if done:
+        m.finished_time = max(s.finished_time or time.monotonic() for s in seqs)
+    outs = []
+    for st in req.states:
+        s = st.seq
+        outs.append(
+            CompletionOutput(
+                index=s.stream,
+                text=st.text,
+                token_ids=list(s.output_token_ids),
+                logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+                text_delta=st.delta_text,
+                token_ids_delta=list(st.delta_ids),
+                logprobs_delta=list(st.delta_logprobs),
+            )
+        )
+    plp = seqs[0].prompt_logprobs if req.params.prompt_logprobs is not None else None
+    return RequestOutput(
+        req.request_id,
+        req.prompt_token_ids,
+        outs,
+        done,
+        m,
+        req.prompt,
+        list(plp) if plp is not None else None,
+    )
