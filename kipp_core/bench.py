@@ -265,23 +265,7 @@ def run_peer(name: str, model_path, spec: BenchSpec, dtype: str | None, device: 
         kw["device"] = device
     if hasattr(module, "measure"):
         return module.measure(str(model_path), **kw)
-    if hasattr(module, "bench_mlx_lm"):  # kipp_mlx.peer's batch-1 helper
-        return _mlx_lm_rows(module, str(model_path), spec, dtype)
     return {"name": name, "skipped": f"{PEERS[name]} has no measure()"}
-
-
-def _mlx_lm_rows(module, model_path: str, spec: BenchSpec, dtype: str | None) -> dict:
-    r = module.bench_mlx_lm(model_path, spec.prompt_len, spec.gen_len - 1, dtype=dtype)
-    ttft = float(np.median(r["prefill_s"]))
-    row = {
-        "batch_size": 1,
-        "prompt_len": spec.prompt_len,
-        "gen_len": spec.gen_len,
-        "prefill_tok_s": r["prefill_tok_s"],
-        "decode_tok_s": r["decode_tok_s"],
-        "ttft_s": ttft,
-    }
-    return {"name": "mlx-lm", "rows": [row], "note": "batch 1 only (mlx-lm generates one stream)"}
 
 
 # -- markdown -----------------------------------------------------------------------------------

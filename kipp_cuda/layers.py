@@ -76,13 +76,11 @@ def embed(table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if isinstance(table, DenseLinear):
         return torch.nn.functional.embedding(ids, table.weight)
     if isinstance(table, Q8Linear):
-        rows = table.qs[ids].float().reshape(ids.shape[0], -1, 32)
-        return (rows * table.scales[ids].float()[..., None]).reshape(ids.shape[0], -1)
+        from kipp_cuda.kernels.q8_0_matmul import q8_0_embedding
+
+        return q8_0_embedding(ids, table.qs, table.scales)
     assert isinstance(table, AffineLinear)
-    per = 32 // table.bits
-    w = table.wq[ids].to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(per, device=ids.device, dtype=torch.int64) * table.bits
-    q = ((w[..., None] >> shifts) & (2**table.bits - 1)).reshape(ids.shape[0], -1)
-    g = q.float().reshape(ids.shape[0], -1, table.group_size)
-    out = g * table.scales[ids].float()[..., None] + table.biases[ids].float()[..., None]
-    return out.reshape(ids.shape[0], -1)
+    from kipp_cuda.kernels.affine_matmul import affine_embedding
+
+    return affine_embedding(ids, table.wq, table.scales, table.biases, table.bits,
+                            table.group_size)

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from kipp_core.backend import ModelInput, SeqOutput
-from kipp_core.sampling import TokenLogprob
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.model import Qwen3Model
@@ -121,11 +120,11 @@ class ModelRunner:
                 outs[i].token_ids = verify_drafts(host, s.sampler, s.draft_token_ids,
                                                   s.draft_probs)
                 if s.num_logprobs is not None:
-                    outs[i].logprobs = score_rows(logits[r[: len(outs[i].token_ids)]],
-                                                  outs[i].token_ids, s.num_logprobs)
+                    outs[i].logprobs = token_logprobs(logits[r[: len(outs[i].token_ids)]],
+                                                      outs[i].token_ids, s.num_logprobs)
             if s.score_targets:
                 r = [sp[j] for j in range(s.score_start, s.score_start + len(s.score_targets))]
-                outs[i].scores = score_rows(logits[r], s.score_targets, s.num_score_logprobs)
+                outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
             if s.return_logits:
                 outs[i].logits = logits[[sp[j] for j in range(n)]].cpu().numpy()
         return outs
@@ -172,7 +171,3 @@ class ModelRunner:
         self.graphs[bs].replay()
         return self.g_out[:B]
 
-
-def score_rows(logits: torch.Tensor, targets: list[int], top_n: int) -> list[TokenLogprob]:
-    """Logprob, rank and top-N of each target under the raw logits rows (kipp_core.sampling)."""
-    return token_logprobs(logits.float(), targets, top_n)
