@@ -4,6 +4,7 @@
 #   check   environment, GPU kernel tests, conformance gates on the GPU, kernel roofline table
 #   bench06 0.6B benchmarks (kipp and transformers in the same run)
 #   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
+#   diag    kernel launch-config sweep, prefill host profile
 #   tp      tensor parallel gates and benchmarks (needs 2 GPUs)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
@@ -36,6 +37,14 @@ bench06)
     --batch-sizes 1,32 --prompt-len 2048 --gen-len 128 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
     --json "$OUT/bench06.json" --markdown "$OUT/bench06.md" 2>&1 | tail -40
+  ;;
+diag)
+  step "dense gemv GPU tests"
+  timeout 90 python -m pytest -q -p no:cacheprovider -k "gpu_dense_gemv" tests/cuda 2>&1 | tail -2
+  step "prefill host profile"
+  timeout 120 python scripts/profile_prefill.py 2>&1 | tee "$OUT/profile_prefill.log" | head -150
+  step "decode kernel sweep"
+  timeout 330 python scripts/kernel_sweep.py --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
   ;;
 profile)
   step profile 0.6B decode

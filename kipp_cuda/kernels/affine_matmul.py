@@ -229,6 +229,37 @@ def _check(x, wq, scales, biases, bits, group_size) -> None:
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
 
 
+def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device) -> dict:
+    # BLOCK_N rows x 1024 values a K step (512 B of 4-bit words a row), the next step's loads in
+    # flight during this one's math: ~120 registers.
+    bg = 16 if interpreting() else min(triton.next_power_of_2(num_groups), 1024 // group_size)
+    bn = gemv_rows(N, device)
+    split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
+    return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
+
+
+def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config."""
+    N, K = wq.shape[0], x.shape[1]
+    if out is None:
+        out = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    num_groups = K // group_size
+    cfg = config or gemv_config(N, num_groups, group_size, x.device)
+    bn, bg, split = cfg["BLOCK_N"], cfg["BLOCK_G"], cfg["SPLIT_K"]
+    n_tiles = triton.cdiv(N, bn)
+    per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
+    part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
+    _affine_gemv_kernel[(n_tiles, split)](
+        x, wq, scales, biases, out, part, locks,
+        N, num_groups, per_split,
+        wq.stride(0), scales.stride(0), biases.stride(0),
+        BITS=bits, GROUP=group_size, BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split,
+        num_warps=cfg["num_warps"],
+    )
+    return out
+
+
 def _affine_matmul_op(x: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor,
                       biases: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
     _check(x, wq, scales, biases, bits, group_size)
@@ -244,22 +275,7 @@ def _affine_matmul_op(x: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor,
     if K == 0:
         return out.zero_()
     if T <= GEMV_MAX_T:
-        num_groups = K // group_size
-        # BLOCK_N rows x 1024 values a K step (512 B of 4-bit words a row), the next step's
-        # loads in flight during this one's math: ~120 registers.
-        bg = 16 if interpreting() else min(triton.next_power_of_2(num_groups), 1024 // group_size)
-        bn, warps = gemv_rows(N, x.device), 4
-        n_tiles = triton.cdiv(N, bn)
-        split = pick_split_k(x.device, n_tiles, triton.cdiv(num_groups, bg), 1)
-        per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
-        part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
-        _affine_gemv_kernel[(n_tiles, split)](
-            x, wq, scales, biases, out, part, locks,
-            N, num_groups, per_split,
-            wq.stride(0), scales.stride(0), biases.stride(0),
-            BITS=bits, GROUP=group_size, BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=warps,
-        )
-        return out
+        return affine_gemv(x, wq, scales, biases, bits, group_size, out=out)
     cfg = matmul_config(T, N, K, x.device, x.dtype, group_size)
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     bk = max(bk, group_size)

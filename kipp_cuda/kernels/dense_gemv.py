@@ -1,8 +1,13 @@
 """One-token dense matmul (decode): out[N] = W[N, K] @ x[K], streaming each weight once.
 
 cuBLAS picks GEMM tilings for M = 1 that read a 0.6B layer's weights at about a quarter of the
-H200's bandwidth (profile in BENCHMARKS.md); this kernel gives each program a few full rows and
-sums along K in fp32.
+H200's bandwidth (profile in BENCHMARKS.md). Here a program owns BLOCK_N full rows, walks K in
+BLOCK_K steps with the next step's loads issued before this step's math, and sums in fp32; small
+row counts split K (deterministic, see q8_0_matmul.store_tile) so that every SM streams.
+
+With `act=True`, x is a gate_up output [1, 2K] and the kernel multiplies by silu(gate) * up,
+rounded to x's dtype as silu_and_mul rounds it: the decode step's down_proj needs no separate
+SwiGLU launch.
 """
 
 from __future__ import annotations
@@ -12,57 +17,96 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.q8_0_matmul import interpreting, num_sms, split_k_buffers, store_tile
+
+
+@triton.jit
+def _gemv_x(x_ptr, rk, k_mask, K, ACT: tl.constexpr):
+    if ACT:  # silu(gate) * up in fp32, rounded like silu_and_mul's output
+        g = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
+        u = tl.load(x_ptr + K + rk, mask=k_mask, other=0.0).to(tl.float32)
+        gf = g.to(tl.float32)
+        return (gf / (1.0 + tl.exp(-gf)) * u).to(g.dtype).to(tl.float32)
+    return tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _dense_gemv_kernel(
-    x_ptr, w_ptr, out_ptr,
-    N, K, stride_wn,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr,
+    N, K, k_per_split, stride_wn,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, ACT: tl.constexpr,
 ):
-    # w: [N, K] row-major; a program owns BLOCK_N rows and walks K in BLOCK_K chunks.
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    rk = k_start + tl.arange(0, BLOCK_K)
+    w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & (rk < k_end)[None, :], other=0.0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
+        # Issue the next step's weight loads before this step's math: two steps in flight.
+        nk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
+        nw = tl.load(rows + nk[None, :], mask=n_mask[:, None] & (nk < k_end)[None, :], other=0.0)
         rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    out = tl.sum(acc, axis=1)
-    tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=n_mask)
+        x = _gemv_x(x_ptr, rk, rk < k_end, K, ACT)
+        acc += w.to(tl.float32) * x[None, :]
+        w = nw
+    out = tl.sum(acc, axis=1)[None, :]
+    store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
+               1, BLOCK_N, SPLIT_K)
 
 
-def gemv_config(N: int, K: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): about 512+ programs, 8 KB of weights per program per step."""
-    block_n = 1
-    while block_n < 16 and N // (block_n * 2) >= 512:
-        block_n *= 2
-    block_k = max(64, min(triton.next_power_of_2(K), 4096 // block_n))
-    return block_n, block_k
+def gemv_config(N: int, K: int, device: torch.device) -> dict:
+    """BLOCK_N rows x BLOCK_K columns a step (8-16 KB of bf16), then split K until the programs
+    cover the SMs twice."""
+    if interpreting():
+        return dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=1, num_warps=4)
+    block_k = min(1024, triton.next_power_of_2(K))
+    block_n = 8 if K <= 2048 else 4
+    split = 1
+    target = 2 * num_sms(device)
+    while (triton.cdiv(N, block_n) * split * 2 <= target and K // (split * 2) >= 2 * block_k
+           and split < 16):
+        split *= 2
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4)
 
 
-def _dense_gemv_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [1, K], w [N, K] -> [1, N] in x.dtype."""
-    if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or w.shape[1] != x.shape[1]:
-        raise ValueError(f"dense_gemv needs x [1, K] and w [N, K], got {tuple(x.shape)}, "
-                         f"{tuple(w.shape)}")
+def _dense_gemv_op(x: torch.Tensor, w: torch.Tensor, act: bool = False,
+                   config: dict | None = None) -> torch.Tensor:
+    """x [1, K] (or [1, 2K] gate_up with act=True), w [N, K] -> [1, N] in x.dtype."""
+    K = w.shape[1] if w.dim() == 2 else -1
+    if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != (2 * K if act else K):
+        raise ValueError(f"dense_gemv needs x [1, {'2K' if act else 'K'}] and w [N, K], got "
+                         f"{tuple(x.shape)}, {tuple(w.shape)}")
     if w.stride(1) != 1:
         raise ValueError("dense_gemv needs w with a contiguous K dimension")
-    N, K = w.shape
+    N = w.shape[0]
     x = x.contiguous()
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
-    block_n, block_k = gemv_config(N, K)
-    _dense_gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w, out, N, K, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
-        num_stages=4)
+    if N == 0:
+        return out
+    cfg = config or gemv_config(N, K, x.device)
+    bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    per_split = triton.cdiv(triton.cdiv(K, bk), split) * bk
+    n_tiles = triton.cdiv(N, bn)
+    part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
+    _dense_gemv_kernel[(n_tiles, split)](
+        x, w, out, part, locks, N, K, per_split, w.stride(0),
+        BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, ACT=act, num_warps=cfg["num_warps"],
+        num_stages=1)
     return out
 
 
-def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor, act: bool = False,
+                   config: dict | None = None) -> torch.Tensor:
+    if act:
+        from kipp_cuda.kernels.swiglu import silu_and_mul_ref
+
+        x = silu_and_mul_ref(x)
     return torch.nn.functional.linear(x, w)
 
 

@@ -295,6 +295,28 @@ def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
 
 
+def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config."""
+    N, K = qs.shape
+    if out is None:
+        out = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    num_groups = K // QK8_0
+    cfg = config or gemv_config(N, num_groups, x.device)
+    split, bn, bg = cfg["SPLIT_K"], cfg["BLOCK_N"], cfg["BLOCK_G"]
+    per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
+    n_tiles = triton.cdiv(N, bn)
+    part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
+    _q8_0_gemv_kernel[(n_tiles, split)](
+        x, qs, d, out, part, locks,
+        N, num_groups, per_split,
+        qs.stride(0), d.stride(0),
+        BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split,
+        num_warps=cfg["num_warps"],
+    )
+    return out
+
+
 def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     _check(x, qs, d)
     if x.stride(1) != 1 or qs.stride(1) != 1 or d.stride(1) != 1:
@@ -307,20 +329,7 @@ def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch
     if K == 0:
         return out.zero_()
     if T <= GEMV_MAX_T:
-        num_groups = K // QK8_0
-        cfg = gemv_config(N, num_groups, x.device)
-        split, bn, bg = cfg["SPLIT_K"], cfg["BLOCK_N"], cfg["BLOCK_G"]
-        per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
-        n_tiles = triton.cdiv(N, bn)
-        part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
-        _q8_0_gemv_kernel[(n_tiles, split)](
-            x, qs, d, out, part, locks,
-            N, num_groups, per_split,
-            qs.stride(0), d.stride(0),
-            BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split,
-            num_warps=cfg["num_warps"],
-        )
-        return out
+        return q8_0_gemv(x, qs, d, out=out)
     cfg = matmul_config(T, N, K, x.device, x.dtype)
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     per_split = triton.cdiv(triton.cdiv(K, bk), split) * bk

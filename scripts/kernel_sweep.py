@@ -1,0 +1,197 @@
+"""Sweep the decode kernels' launch configurations at Qwen3 shapes, timed inside CUDA graphs (the
+regime the decode step runs in: launch gaps included, host overhead excluded). Prints, per shape,
+the default configuration's time and the best ones; `--json` keeps every row.
+
+python scripts/kernel_sweep.py [--only dense,q8_0,affine4,attn,small] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+
+import torch
+import triton
+
+import kipp_cuda.kernels.decode_attention as da
+from kipp_cuda.kernels import affine_matmul as am
+from kipp_cuda.kernels import dense_gemv as dg
+from kipp_cuda.kernels import q8_0_matmul as qm
+
+SHAPES = {  # (N, K) of each decode linear
+    "0.6B qkv": (4096, 1024), "0.6B o": (1024, 2048), "0.6B gate_up": (6144, 1024),
+    "0.6B down": (1024, 3072), "0.6B lm_head": (151936, 1024),
+    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (24576, 4096),
+    "8B down": (4096, 12288), "8B lm_head": (151936, 4096),
+}
+
+
+def graph_us(fn, reps: int = 20, iters: int = 10) -> float:
+    """Microseconds a call, from `reps` back-to-back calls captured in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / (iters * reps)
+
+
+def sweep(rows: list, family: str, shape: str, nbytes: int, default: dict, grid: list[dict],
+          make_fn, check) -> None:
+    ref = check()
+    results = []
+    for cfg in [default, *grid]:
+        try:
+            fn = make_fn(cfg)
+            got = fn()
+            err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+            if not err < 2e-2:
+                raise AssertionError(f"wrong result, rel err {err:.2e}")
+            us = graph_us(fn)
+        except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped
+            results.append({"cfg": cfg, "error": str(e)[:120]})
+            continue
+        results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
+    ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
+    d = results[0]
+    print(f"{family:8} {shape:14} default {d.get('us', float('nan')):7.2f} us "
+          f"{d.get('gbs', 0):6.0f} GB/s {d['cfg']}")
+    for r in ok[:3]:
+        print(f"{'':24} best {r['us']:7.2f} us {r['gbs']:6.0f} GB/s {r['cfg']}")
+    rows.append({"family": family, "shape": shape, "bytes": nbytes, "results": results})
+
+
+def dense(rows, shapes):
+    for name, (N, K) in shapes.items():
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+        ref = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731
+        rows.append({"family": "cublas", "shape": name, "us": graph_us(ref),
+                     "bytes": N * K * 2})
+        print(f"cublas   {name:14} {rows[-1]['us']:7.2f} us "
+              f"{N * K * 2 / rows[-1]['us'] / 1e3:6.0f} GB/s")
+        grid = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, num_warps=nw)
+                for bn, bk, s, nw in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048),
+                                                       (1, 2, 4, 8), (4, 8))
+                if 1024 <= bn * bk <= 16384 and K // s >= bk]
+        sweep(rows, "dense", name, N * K * 2, dg.gemv_config(N, K, x.device), grid,
+              lambda c, x=x, w=w: (lambda: dg._dense_gemv_op(x, w, config=c)), ref)
+
+
+def q8(rows, shapes):
+    for name, (N, K) in shapes.items():
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        qs = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda")
+        d = (torch.rand(N, K // 32, device="cuda") * 0.01).half()
+        ref = lambda x=x, qs=qs, d=d: qm.q8_0_matmul_ref(x, qs, d)  # noqa: E731
+        grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
+                for bn, bg, s, nw in itertools.product((4, 8, 16), (8, 16, 32), (1, 2, 4, 8),
+                                                       (4, 8))
+                if K // 32 // s >= bg]
+        sweep(rows, "q8_0", name, N * K * 34 // 32,
+              qm.gemv_config(N, K // 32, x.device), grid,
+              lambda c, x=x, qs=qs, d=d: (lambda: qm.q8_0_gemv(x, qs, d, c)), ref)
+
+
+def affine4(rows, shapes):
+    for name, (N, K) in shapes.items():
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        wq = torch.randint(-2**31, 2**31, (N, K // 8), dtype=torch.int32, device="cuda")
+        s = (torch.rand(N, K // 32, device="cuda") * 0.01).bfloat16()
+        b = (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16()
+        ref = lambda x=x, wq=wq, s=s, b=b: am.affine_matmul_ref(x, wq, s, b, 4, 32)  # noqa: E731
+        grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=sp, num_warps=nw)
+                for bn, bg, sp, nw in itertools.product((4, 8, 16), (8, 16, 32), (1, 2, 4, 8),
+                                                        (4, 8))
+                if K // 32 // sp >= bg]
+        sweep(rows, "affine4", name, N * K // 2 + N * K // 32 * 4,
+              am.gemv_config(N, K // 32, 32, x.device), grid,
+              lambda c, x=x, wq=wq, s=s, b=b: (lambda: am.affine_gemv(x, wq, s, b, 4, 32, c)),
+              ref)
+
+
+def attn(rows):
+    for model, (hq, hkv) in {"0.6B": (16, 8), "8B": (32, 8)}.items():
+        for ctx in (2048, 8192):
+            page, D = 32, 128
+            nb = ctx // page
+            kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
+            vc = torch.randn_like(kc)
+            bt = torch.randperm(nb, device="cuda").to(torch.int32)[None]
+            lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+            q = torch.randn(1, hq, D, dtype=torch.bfloat16, device="cuda")
+            nbytes = 2 * ctx * hkv * D * 2
+            results = []
+            for min_tiles, splits in itertools.product((1, 2, 4), (8, 16, 32, 64, 128)):
+                da.MIN_TILES_PER_SPLIT = min_tiles
+                a = (q, kc, vc, bt, lens, D**-0.5)
+                fn = lambda s=splits, a=a: da._paged_decode_attention_op(  # noqa: E731
+                    *a, max_context_len=40960, num_splits=s)
+                us = graph_us(fn)
+                results.append({"cfg": {"MIN_TILES": min_tiles, "splits": splits}, "us": us,
+                                "gbs": nbytes / us / 1e3})
+            da.MIN_TILES_PER_SPLIT = 4
+            ok = sorted(results, key=lambda r: r["us"])
+            print(f"attn     {model} ctx {ctx:5}   best {ok[0]['us']:7.2f} us "
+                  f"{ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; worst {ok[-1]['us']:.2f}")
+            rows.append({"family": "attn", "shape": f"{model} ctx {ctx}", "results": results})
+
+
+def small(rows):
+    from kipp_cuda.kernels.qk_norm_rope import _qk_norm_rope_op, rope_cos_sin_cache
+    from kipp_cuda.kernels.rms_norm import _rms_norm_op
+    from kipp_cuda.kernels.swiglu import _silu_and_mul_op
+
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    cs = rope_cos_sin_cache(4096, 128, 1e6, "cuda")
+    pos = torch.tensor([100], device="cuda")
+    hw = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    gu = torch.randn(1, 6144, device="cuda", dtype=torch.bfloat16)
+    e = torch.empty(1, device="cuda")
+    for name, fn in {
+        "fill_ (empty-ish kernel)": lambda: e.fill_(1.0),
+        "rms_norm+res T=1": lambda: _rms_norm_op(x, w, 1e-6, x),
+        "qk_norm_rope T=1": lambda: _qk_norm_rope_op(qkv, hw, hw, pos, cs, 16, 8, 128, 1e-6),
+        "silu_and_mul T=1": lambda: _silu_and_mul_op(gu),
+    }.items():
+        us = graph_us(fn)
+        print(f"small    {name:26} {us:6.2f} us")
+        rows.append({"family": "small", "shape": name, "us": us})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--only", default="small,attn,dense,q8_0,affine4")
+    p.add_argument("--shapes", default="")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    shapes = {k: v for k, v in SHAPES.items() if not args.shapes or args.shapes in k}
+    rows: list = []
+    only = args.only.split(",")
+    for name, fn in (("small", lambda: small(rows)), ("attn", lambda: attn(rows)),
+                     ("dense", lambda: dense(rows, shapes)), ("q8_0", lambda: q8(rows, shapes)),
+                     ("affine4", lambda: affine4(rows, shapes))):
+        if name in only:
+            fn()
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1, default=lambda o: math.nan)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    triton.runtime.driver.active.get_current_device()
+    main()
