@@ -7,6 +7,10 @@ import torch
 from torch import nn
 
 from kipp_core.quant import check_scheme
+from kipp_cuda.kernels.affine_matmul import affine_embedding, affine_matmul
+from kipp_cuda.kernels.dense_gemv import dense_gemv
+from kipp_cuda.kernels.q8_0_matmul import q8_0_embedding, q8_0_matmul
+from kipp_cuda.kernels.swiglu import silu_and_mul
 
 
 class DenseLinear(nn.Module):
@@ -18,12 +22,11 @@ class DenseLinear(nn.Module):
     def out_features(self) -> int:
         return self.weight.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
+        """x [T, in], or with act=True a gate_up output [T, 2 in] taken through SwiGLU first."""
         if x.shape[0] == 1 and x.is_cuda:  # decode: a streaming GEMV beats cuBLAS at M = 1
-            from kipp_cuda.kernels.dense_gemv import dense_gemv
-
-            return dense_gemv(x, self.weight)
-        return torch.nn.functional.linear(x, self.weight)
+            return dense_gemv(x, self.weight, act)  # SwiGLU fused into the GEMV's input
+        return torch.nn.functional.linear(silu_and_mul(x) if act else x, self.weight)
 
 
 class Q8Linear(nn.Module):
@@ -36,10 +39,8 @@ class Q8Linear(nn.Module):
     def out_features(self) -> int:
         return self.qs.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
-
-        return q8_0_matmul(x, self.qs, self.scales)
+    def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
+        return q8_0_matmul(silu_and_mul(x) if act else x, self.qs, self.scales)
 
 
 class AffineLinear(nn.Module):
@@ -55,10 +56,9 @@ class AffineLinear(nn.Module):
     def out_features(self) -> int:
         return self.wq.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kipp_cuda.kernels.affine_matmul import affine_matmul
-
-        return affine_matmul(x, self.wq, self.scales, self.biases, self.bits, self.group_size)
+    def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
+        return affine_matmul(silu_and_mul(x) if act else x, self.wq, self.scales, self.biases,
+                             self.bits, self.group_size)
 
 
 def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:
@@ -76,11 +76,7 @@ def embed(table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if isinstance(table, DenseLinear):
         return torch.nn.functional.embedding(ids, table.weight)
     if isinstance(table, Q8Linear):
-        from kipp_cuda.kernels.q8_0_matmul import q8_0_embedding
-
         return q8_0_embedding(ids, table.qs, table.scales)
     assert isinstance(table, AffineLinear)
-    from kipp_cuda.kernels.affine_matmul import affine_embedding
-
     return affine_embedding(ids, table.wq, table.scales, table.biases, table.bits,
                             table.group_size)

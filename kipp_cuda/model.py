@@ -12,10 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 from kipp_core.config import ModelConfig
-from kipp_cuda.attention import AttentionMetadata, LayerKV, attention
-from kipp_cuda.kernels.qk_norm_rope import qk_norm_rope, rope_cos_sin_cache
+from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
+from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
 from kipp_cuda.kernels.rms_norm import rms_norm
-from kipp_cuda.kernels.swiglu import silu_and_mul
 from kipp_cuda.layers import embed
 
 
@@ -42,15 +41,11 @@ class Qwen3Layer(nn.Module):
         else:
             h, residual = rms_norm(hidden, self.input_layernorm, self.eps, residual)
         T = h.shape[0]
-        qkv = self.qkv_proj(h)
-        q, k = qk_norm_rope(qkv, self.q_norm, self.k_norm, positions, cos_sin, self.num_heads,
-                            self.num_kv_heads, self.head_dim, self.eps)
-        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim :]
-        v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        a = attention(q, k, v, kv, meta, self.head_dim**-0.5)
+        q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
+        a = attention(q, kv, meta, self.head_dim**-0.5)
         o = self._reduce(self.o_proj(a.reshape(T, -1)))
         h, residual = rms_norm(o, self.post_attention_layernorm, self.eps, residual)
-        out = self._reduce(self.down_proj(silu_and_mul(self.gate_up_proj(h))))
+        out = self._reduce(self.down_proj(self.gate_up_proj(h), act=True))
         return out, residual
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:

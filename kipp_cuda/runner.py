@@ -1,6 +1,13 @@
 """The model runner: where scheduling meets tensors. Turns a ModelInput into flat device tensors and
-attention metadata, runs the model (decode through CUDA graphs captured at bucketed batch sizes),
-and samples on the device."""
+attention metadata, runs the model, and samples on the device.
+
+CUDA graphs, captured at start-up and sharing one memory pool:
+- decode at bucketed batch sizes, the vocabulary head included (the graph's output is the logits);
+- single-sequence prefill of up to PREFILL_GRAPH_TOKENS[-1] new tokens (a prefix-cache hit, a chat
+  turn, a speculative verification), padded to a bucket. Padding tokens come after the real ones,
+  so causal attention keeps them out of the real rows, and their K/V is not stored (slot -1).
+Graph inputs are staged in pinned host memory and uploaded in two copies a step.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ from kipp_cuda.model import Qwen3Model
 from kipp_cuda.sampler import sample_rows, token_logprobs
 
 log = logging.getLogger("kipp")
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
+IDS, POS, SLOT, CTX = range(4)  # rows of the staged int64 inputs
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -31,8 +40,10 @@ class ModelRunner:
         self.block_size, self.device = block_size, device
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_blocks = -(-max_model_len // block_size)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.graph_out: dict[tuple[str, int], torch.Tensor] = {}
         self.graph_bs: list[int] = []
+        self.prefill_tokens: list[int] = []
         if use_graphs:
             self.capture()
 
@@ -45,7 +56,12 @@ class ModelRunner:
         starts = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=len(seqs))
         ids = np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int64,
                           count=int(q_lens.sum()))
-        positions = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, q_lens)])
+        if len(seqs) == 1:
+            positions = np.arange(starts[0], starts[0] + q_lens[0])
+        elif (q_lens == 1).all():
+            positions = starts
+        else:
+            positions = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, q_lens)])
         width = max(len(s.block_table) for s in seqs)
         bt = np.zeros((len(seqs), width), dtype=np.int32)
         for i, s in enumerate(seqs):
@@ -61,13 +77,20 @@ class ModelRunner:
     # -- forward --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, batch: ModelInput) -> torch.Tensor:
-        """Hidden states [T, hidden] for every new token of the batch."""
+    def forward(self, batch: ModelInput) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(hidden [T, hidden], None) for every new token of the batch, or (None, logits [B, V])
+        from a decode graph, whose rows are the batch's tokens."""
         ids, positions, slots, bt, ctx, q_lens = self._prepare(batch)
-        B = len(batch.seqs)
+        B, T = len(batch.seqs), len(ids)
         is_decode = bool((q_lens == 1).all())
-        if is_decode and self.graphs and B <= self.graph_bs[-1]:
-            return self._replay(ids, positions, slots, bt, ctx)
+        if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
+            bs = next(b for b in self.graph_bs if b >= B)
+            return None, self._replay(("decode", bs), B, ids, positions, slots, bt, ctx)[:B]
+        if B == 1 and not is_decode and self.prefill_tokens and T <= self.prefill_tokens[-1]:
+            tb = next(t for t in self.prefill_tokens if t >= T)
+            # Padded queries sit at positions up to start + tb - 1: inside the block table.
+            if int(ctx[0]) - T + tb <= self.max_blocks * self.block_size:
+                return self._replay(("prefill", tb), T, ids, positions, slots, bt, ctx)[:T], None
         cu = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(q_lens, out=cu[1:])
         meta = AttentionMetadata(
@@ -75,11 +98,11 @@ class ModelRunner:
             context_lens=self._tensor(ctx), is_decode=is_decode,
             cu_seqlens_q=None if is_decode else self._tensor(cu), max_q_len=int(q_lens.max()),
             max_context_len=int(ctx.max()))
-        return self.model(self._tensor(ids), self._tensor(positions), self.kv_caches, meta)
+        return self.model(self._tensor(ids), self._tensor(positions), self.kv_caches, meta), None
 
     @torch.inference_mode()
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
-        hidden = self.forward(batch)
+        hidden, logits = self.forward(batch)
         # Which rows need logits: every row (return_logits), score rows, the sampling rows.
         rows, spans = [], []
         off = 0
@@ -99,12 +122,16 @@ class ModelRunner:
         outs = [SeqOutput() for _ in batch.seqs]
         if not rows:
             return outs
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])
+        if logits is None:
+            logits = self.model.compute_logits(hidden[self._index(rows)])
+        elif len(rows) != logits.shape[0]:
+            logits = logits[self._index(rows)]
         plain = [(i, s) for i, s in enumerate(batch.seqs)
                  if s.sampler is not None and not s.draft_token_ids]
         if plain:
             idx = [spans[i][len(s.token_ids) - 1] for i, s in plain]
-            toks, lps = sample_rows(logits[idx], [s.sampler for _, s in plain],
+            picked = logits if idx == list(range(logits.shape[0])) else logits[idx]
+            toks, lps = sample_rows(picked, [s.sampler for _, s in plain],
                                     [s.num_logprobs for _, s in plain])
             for j, (i, _) in enumerate(plain):
                 outs[i].token_ids = [toks[j]]
@@ -129,45 +156,79 @@ class ModelRunner:
                 outs[i].logits = logits[[sp[j] for j in range(n)]].cpu().numpy()
         return outs
 
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, device=self.device)
+
     # -- CUDA graphs ----------------------------------------------------------------------------
 
     def capture(self) -> None:
-        """Capture decode at bucketed batch sizes, largest first; smaller ones share its pool."""
-        dev, H = self.device, self.model.config.hidden_size
-        n = self.max_num_seqs
-        self.g_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.g_pos = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.g_slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.g_ctx = torch.ones(n, dtype=torch.int32, device=dev)
+        """Capture the prefill buckets and the decode batch sizes, largest first, in one pool."""
+        dev, n = self.device, self.max_num_seqs
+        self.prefill_tokens = [t for t in PREFILL_GRAPH_TOKENS if t <= self.max_model_len]
+        rows = max(n, self.prefill_tokens[-1] if self.prefill_tokens else 1)
+        self.h_in = torch.zeros((4, rows), dtype=torch.int64).pin_memory()
+        self.h_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32).pin_memory()
+        self.h_in_np, self.h_bt_np = self.h_in.numpy(), self.h_bt.numpy()
+        self.g_in = torch.zeros((4, rows), dtype=torch.int64, device=dev)
+        self.g_in[SLOT].fill_(-1)
         self.g_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=dev)
-        self.g_out = torch.zeros((n, H), dtype=self.model.dtype, device=dev)
+        self.staged = torch.cuda.Event()
         self.graph_bs = graph_batch_sizes(n)
         pool = None
+        keys = [("prefill", t) for t in reversed(self.prefill_tokens)]
+        keys += [("decode", b) for b in reversed(self.graph_bs)]
         with torch.inference_mode():
-            for bs in reversed(self.graph_bs):
-                meta = AttentionMetadata(self.g_slots[:bs], self.g_bt[:bs], self.g_ctx[:bs],
-                                         is_decode=True, max_context_len=self.max_model_len)
-                args = (self.g_ids[:bs], self.g_pos[:bs], self.kv_caches, meta)
-                self.g_out[:bs] = self.model(*args)  # warm-up: compiles kernels outside capture
+            for key in keys:
+                fn = self._graph_fn(*key)
+                fn()  # warm-up: compiles kernels and allocates split-K buffers outside capture
                 torch.cuda.synchronize(dev)
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self.g_out[:bs] = self.model(*args)
+                    self.graph_out[key] = fn()
                 pool = g.pool() if pool is None else pool
-                self.graphs[bs] = g
+                self.graphs[key] = g
         torch.cuda.synchronize(dev)
 
-    def _replay(self, ids, positions, slots, bt, ctx) -> torch.Tensor:
-        B = len(ids)
-        bs = next(b for b in self.graph_bs if b >= B)
-        w = bt.shape[1]
-        self.g_ids[:B].copy_(self._tensor(ids))
-        self.g_pos[:B].copy_(self._tensor(positions))
-        self.g_slots[:B].copy_(self._tensor(slots))
-        self.g_slots[B:bs].fill_(-1)  # padding rows write no KV
-        self.g_ctx[:B].copy_(self._tensor(ctx))
-        self.g_ctx[B:bs].fill_(1)
-        self.g_bt[:B, :w].copy_(self._tensor(bt))
-        self.graphs[bs].replay()
-        return self.g_out[:B]
+    def _graph_fn(self, kind: str, size: int):
+        """What a graph runs, reading only the staged device inputs: decode of `size` sequences
+        (-> logits [size, V]), or one sequence's prefill of `size` tokens (-> hidden)."""
+        g = self.g_in
+        if kind == "decode":
+            def run():
+                meta = AttentionMetadata(g[SLOT, :size], self.g_bt[:size],
+                                         g[CTX, :size].to(torch.int32), is_decode=True,
+                                         max_context_len=self.max_model_len)
+                h = self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
+                return self.model.compute_logits(h)
+            return run
+        cu = torch.tensor([0, size], dtype=torch.int32, device=self.device)
 
+        def run():
+            meta = AttentionMetadata(g[SLOT, :size], self.g_bt[:1], g[CTX, :1].to(torch.int32),
+                                     is_decode=False, cu_seqlens_q=cu, max_q_len=size,
+                                     max_context_len=self.max_model_len)
+            return self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
+        return run
+
+    def _replay(self, key: tuple[str, int], n: int, ids, positions, slots, bt, ctx):
+        """Stage n real rows (tokens of one prefill, or decode sequences), pad to the graph's
+        size and replay it; returns the graph's output buffer."""
+        kind, size = key
+        self.staged.synchronize()  # the last upload from the pinned buffers has finished
+        h = self.h_in_np
+        h[IDS, :n], h[POS, :n], h[SLOT, :n] = ids, positions, slots
+        h[IDS, n:size], h[SLOT, n:size] = 0, -1  # padding writes no KV
+        if kind == "decode":
+            h[POS, n:size], h[CTX, :n], h[CTX, n:size] = 0, ctx, 1
+            b = n
+        else:  # padded queries follow the real ones; the sequence "has" size new tokens
+            h[POS, n:size] = positions[-1]
+            h[CTX, 0] = int(ctx[0]) - n + size
+            b = 1
+        w = bt.shape[1]
+        self.h_bt_np[:b, :w] = bt
+        self.g_in.copy_(self.h_in, non_blocking=True)
+        self.g_bt[:b].copy_(self.h_bt[:b], non_blocking=True)
+        self.staged.record()
+        self.graphs[key].replay()
+        return self.graph_out[key]

@@ -52,9 +52,8 @@ def main() -> None:
     torch.cuda.synchronize()
     plain = (time.perf_counter() - t) / args.steps
     sections: dict[str, float] = {}
-    runner.forward = timed(runner.forward, sections, "forward (prepare + graph replay)")
+    runner.forward = timed(runner.forward, sections, "forward (prepare + graph replay, logits)")
     runner._replay = timed(runner._replay, sections, "  graph replay incl. input copies")
-    runner.model.compute_logits = timed(runner.model.compute_logits, sections, "logits")
     import kipp_cuda.runner as rmod
 
     rmod.sample_rows = timed(rmod.sample_rows, sections, "sample_rows")
@@ -67,7 +66,7 @@ def main() -> None:
           f"({args.batch / plain:.0f} tok/s); with syncs {total * 1e3:.3f} ms/step")
     for k, v in sections.items():
         print(f"  {k:<40} {v / args.steps * 1e3:8.3f} ms")
-    g = runner.graphs[next(b for b in runner.graph_bs if b >= args.batch)]
+    g = runner.graphs["decode", next(b for b in runner.graph_bs if b >= args.batch)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(50):
@@ -77,6 +76,7 @@ def main() -> None:
     print(f"  graph replay alone (GPU)                 {start.elapsed_time(end) / 50:8.3f} ms")
     # One eager decode step through the profiler: per-kernel GPU time.
     runner.graphs.clear()
+    runner.graph_bs, runner.prefill_tokens = [], []
     eng.step()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                             torch.profiler.ProfilerActivity.CPU]) as prof:

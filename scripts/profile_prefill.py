@@ -43,11 +43,10 @@ def main() -> None:
     for n in (args.prompt_len, args.prefix_len):  # compile every path first
         q = prompt(n)
         run(q), run(q)
-    cold = prompt(args.prompt_len)
-    print("cold %d: wall %.2f ms ttft %.2f ms" % (args.prompt_len, *(1e3 * x for x in run(cold))))
     long = prompt(args.prefix_len)
-    print("cold %d: wall %.2f ms ttft %.2f ms" % (args.prefix_len, *(1e3 * x for x in run(long))))
-    print("warm %d: wall %.2f ms ttft %.2f ms" % (args.prefix_len, *(1e3 * x for x in run(long))))
+    for name, p in (("cold", prompt(args.prompt_len)), ("cold", long), ("warm", long)):
+        wall, ttft = run(p)
+        print(f"{name} {len(p)}: wall {wall * 1e3:.2f} ms ttft {ttft * 1e3:.2f} ms")
     for name, p in (("cold", prompt(args.prompt_len)), ("warm", long)):
         pr = cProfile.Profile()
         pr.enable()

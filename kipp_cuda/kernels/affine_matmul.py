@@ -22,12 +22,14 @@ from kipp_cuda.kernels.q8_0_matmul import (
     gemv_rows,
     interpreting,
     matmul_config,
+    num_sms,
     pick_split_k,
     rotate,
     split_k_buffers,
     store_tile,
     tile_ids,
 )
+from kipp_cuda.kernels.tuned import tuned_config
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -229,11 +231,20 @@ def _check(x, wq, scales, biases, bits, group_size) -> None:
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
 
 
-def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device) -> dict:
-    # BLOCK_N rows x 1024 values a K step (512 B of 4-bit words a row), the next step's loads in
-    # flight during this one's math: ~120 registers.
-    bg = 16 if interpreting() else min(triton.next_power_of_2(num_groups), 1024 // group_size)
-    bn = gemv_rows(N, device)
+def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device,
+                bits: int = 4) -> dict:
+    """BLOCK_N rows x BLOCK_G groups a K step, the next step's loads in flight during this one's
+    math. From the H200 sweep in CUDA graphs (scripts/kernel_sweep.py): 16 rows x 16 groups, or
+    4 rows x 32 groups when N is small."""
+    tuned = None if interpreting() else tuned_config(f"affine{bits}", N, num_groups * group_size)
+    if tuned is not None and group_size == 32:
+        return tuned
+    bn, bg = 16, 16
+    if interpreting():  # few, large programs keep the CPU interpreter quick
+        bn = gemv_rows(N, device)
+    elif triton.cdiv(N, bn) < num_sms(device):
+        bn, bg = 4, 32
+    bg = min(bg, triton.next_power_of_2(num_groups), max(1, 1024 // group_size))
     split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
 
@@ -245,7 +256,7 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
-    cfg = config or gemv_config(N, num_groups, group_size, x.device)
+    cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
     bn, bg, split = cfg["BLOCK_N"], cfg["BLOCK_G"], cfg["SPLIT_K"]
     n_tiles = triton.cdiv(N, bn)
     per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg

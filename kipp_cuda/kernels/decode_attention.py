@@ -21,9 +21,10 @@ from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.kv_write import check_cache, dot_dtype, gather_kv_ref, load_kv_tile
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
-MIN_TILES_PER_SPLIT = 4  # a split reads at least 256 positions, else the merge costs more
+MIN_TILES_PER_SPLIT = 2  # a split reads at least 128 positions (H200 sweep: 2k and 8k contexts)
 MAX_SPLITS = 128
-PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM
+PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
+# splits still cost a launch slot and a merge read, so more is slower (scripts/kernel_sweep.py)
 LOG2E = 1.4426950408889634
 
 

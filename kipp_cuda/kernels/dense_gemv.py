@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.q8_0_matmul import interpreting, num_sms, split_k_buffers, store_tile
+from kipp_cuda.kernels.tuned import tuned_config
 
 
 @triton.jit
@@ -61,15 +62,17 @@ def _dense_gemv_kernel(
 
 
 def gemv_config(N: int, K: int, device: torch.device) -> dict:
-    """BLOCK_N rows x BLOCK_K columns a step (8-16 KB of bf16), then split K until the programs
-    cover the SMs twice."""
+    """From the H200 sweep in CUDA graphs (scripts/kernel_sweep.py, BENCHMARKS.md): about 512+
+    programs of BLOCK_N rows, 256-1024 columns a step; split K only when rows leave SMs idle."""
     if interpreting():
         return dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=1, num_warps=4)
-    block_k = min(1024, triton.next_power_of_2(K))
-    block_n = 8 if K <= 2048 else 4
+    tuned = tuned_config("dense", N, K)
+    if tuned is not None:
+        return tuned
+    block_n = max(2, min(16, triton.next_power_of_2(N // 512 + 1) // 2))
+    block_k = min(triton.next_power_of_2(K), 256 if K <= 1024 else 512 if K <= 4096 else 1024)
     split = 1
-    target = 2 * num_sms(device)
-    while (triton.cdiv(N, block_n) * split * 2 <= target and K // (split * 2) >= 2 * block_k
+    while (triton.cdiv(N, block_n) * split * 2 <= num_sms(device) and K // (split * 2) >= block_k
            and split < 16):
         split *= 2
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4)

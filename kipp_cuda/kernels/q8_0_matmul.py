@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.tuned import tuned_config
 
 QK8_0 = 32
 GEMV_MAX_T = 1  # larger T goes to the tl.dot kernel (16-row tiles up to T = 16)
@@ -287,10 +288,18 @@ def gemv_rows(N: int, device: torch.device) -> int:
 
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
-    # BLOCK_N rows x 1 KB a K step (four 16-byte loads a thread at 8 rows), the next step's
-    # loads in flight during this one's math: ~120 registers.
-    bg = 16 if interpreting() else min(32, triton.next_power_of_2(num_groups))
-    bn = gemv_rows(N, device)
+    """BLOCK_N rows x BLOCK_G groups a K step, the next step's loads in flight during this one's
+    math. From the H200 sweep in CUDA graphs (scripts/kernel_sweep.py): 16 rows x 16 groups for
+    K <= 1024 and the vocabulary head, 8 x 32 for the 8B layers, 4 rows when N is small."""
+    tuned = None if interpreting() else tuned_config("q8_0", N, num_groups * QK8_0)
+    if tuned is not None:
+        return tuned
+    bn, bg = (16, 16) if num_groups <= 32 or N >= 65536 else (8, 32)
+    if interpreting():  # few, large programs keep the CPU interpreter quick
+        bn, bg = 32, 16
+    elif triton.cdiv(N, bn) < num_sms(device):
+        bn = 4
+    bg = min(bg, triton.next_power_of_2(num_groups))
     split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
 

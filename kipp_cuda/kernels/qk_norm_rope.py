@@ -16,23 +16,29 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.kv_write import check_cache, kv_write_ref
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, q_ptr, k_ptr,
+    slot_ptr, k_cache_ptr, v_cache_ptr,
     num_heads, num_kv_heads, eps,
-    stride_qkv, stride_cs,
-    HEAD_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr,
+    stride_qkv, stride_cs, stride_cb, stride_cs_, stride_ch,
+    HEAD_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, WRITE_KV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
 ):
-    # Program (token, block of BLOCK_HEADS heads among the Hq + Hkv q and k heads). Each head is
-    # handled as its two halves, so rotate_half needs no data movement.
+    # Program (token, block of BLOCK_HEADS heads among the Hq + Hkv q and k heads, and with
+    # WRITE_KV the Hkv v heads after them). Each head is handled as its two halves, so
+    # rotate_half needs no data movement. WRITE_KV stores k and v straight into the paged cache
+    # at slot_ptr[t] (negative: not stored) instead of writing k out.
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = HEAD_DIM // 2
     heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
     d = tl.arange(0, HALF)
     is_q = heads < num_heads
-    valid = heads < num_heads + num_kv_heads
+    num_qk = num_heads + num_kv_heads
+    valid = heads < num_qk + (num_kv_heads if WRITE_KV else 0)
     mask = valid[:, None]
     src = qkv_ptr + t * stride_qkv + heads[:, None] * HEAD_DIM + d[None, :]
     x1 = tl.load(src, mask=mask, other=0.0)
@@ -55,15 +61,32 @@ def _qk_norm_rope_kernel(
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d)[None, :]
     o1 = (h1 * cos - h2 * sin).to(dtype)
     o2 = (h2 * cos + h1 * sin).to(dtype)
-    # q: [T, Hq, D], k: [T, Hkv, D], both contiguous.
+    # q: [T, Hq, D] contiguous.
     q_dst = q_ptr + (t * num_heads + heads[:, None]) * HEAD_DIM + d[None, :]
-    k_dst = k_ptr + (t * num_kv_heads + heads[:, None] - num_heads) * HEAD_DIM + d[None, :]
     q_mask = mask & is_q[:, None]
-    k_mask = mask & (heads >= num_heads)[:, None]
     tl.store(q_dst, o1, mask=q_mask)
     tl.store(q_dst + HALF, o2, mask=q_mask)
-    tl.store(k_dst, o1, mask=k_mask)
-    tl.store(k_dst + HALF, o2, mask=k_mask)
+    is_k = (heads >= num_heads) & (heads < num_qk)
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + t)
+        if slot >= 0:
+            # v heads keep their raw values; cache [num_blocks, PAGE_SIZE, Hkv, D].
+            is_v = heads >= num_qk
+            kv_head = tl.where(is_v, heads - num_qk, heads - num_heads)
+            row = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs_
+            dst = row + kv_head[:, None] * stride_ch + d[None, :]
+            k_mask = mask & is_k[:, None]
+            v_mask = mask & is_v[:, None]
+            tl.store(k_cache_ptr + dst, o1, mask=k_mask)
+            tl.store(k_cache_ptr + dst + HALF, o2, mask=k_mask)
+            tl.store(v_cache_ptr + dst, x1.to(dtype), mask=v_mask)
+            tl.store(v_cache_ptr + dst + HALF, x2.to(dtype), mask=v_mask)
+    else:
+        # k: [T, Hkv, D] contiguous.
+        k_dst = k_ptr + (t * num_kv_heads + heads[:, None] - num_heads) * HEAD_DIM + d[None, :]
+        k_mask = mask & is_k[:, None]
+        tl.store(k_dst, o1, mask=k_mask)
+        tl.store(k_dst + HALF, o2, mask=k_mask)
 
 
 def rope_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device) -> torch.Tensor:
@@ -111,9 +134,10 @@ def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int
     grid = (T, triton.cdiv(num_heads + num_kv_heads, block_heads))
     _qk_norm_rope_kernel[grid](
         qkv, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, q, k,
+        positions, q, q,  # unused without WRITE_KV
         num_heads, num_kv_heads, float(eps),
-        qkv.stride(0), cos_sin.stride(0),
-        HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, num_warps=4,
+        qkv.stride(0), cos_sin.stride(0), 0, 0, 0,
+        HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, WRITE_KV=False, PAGE_SIZE=1, num_warps=4,
     )
     return q, k
 
@@ -140,6 +164,59 @@ def qk_norm_rope_ref(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int
 
 
 qk_norm_rope = dispatch("qk_norm_rope", _qk_norm_rope_op, qk_norm_rope_ref)
+
+
+def _check_cache(qkv, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim):
+    check_cache(k_cache, v_cache, None, None)
+    if k_cache.dtype != qkv.dtype or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+        raise ValueError(f"the cache {k_cache.dtype} {tuple(k_cache.shape)} must be "
+                         f"{qkv.dtype} [num_blocks, block_size, {num_kv_heads}, {head_dim}]")
+    if slot_mapping.shape != (qkv.shape[0],) or slot_mapping.dtype != torch.int64:
+        raise ValueError(f"slot_mapping must be int64 [{qkv.shape[0]}], got "
+                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+
+
+def _qk_norm_rope_kv_write_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
+                              num_kv_heads: int, head_dim: int, eps: float, slot_mapping,
+                              k_cache, v_cache) -> torch.Tensor:
+    """qk_norm_rope, then kv_write of its k and of qkv's v into a (not quantized) paged cache, in
+    one launch. Returns q [T, Hq, D]."""
+    _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
+    _check_cache(qkv, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim)
+    if head_dim & (head_dim - 1) or head_dim < 4:
+        raise ValueError(f"the kernel needs a power-of-two head_dim, got {head_dim}")
+    if qkv.stride(1) != 1 or cos_sin.stride(1) != 1:
+        raise ValueError("qkv and cos_sin need their last dimension contiguous")
+    T = qkv.shape[0]
+    q = torch.empty((T, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if T == 0:
+        return q
+    heads = num_heads + 2 * num_kv_heads
+    block_heads = min(8, triton.next_power_of_2(heads))
+    _qk_norm_rope_kernel[(T, triton.cdiv(heads, block_heads))](
+        qkv, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, q, q,
+        slot_mapping, k_cache, v_cache,
+        num_heads, num_kv_heads, float(eps),
+        qkv.stride(0), cos_sin.stride(0), *k_cache.stride()[:3],
+        HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, WRITE_KV=True, PAGE_SIZE=k_cache.shape[1],
+        num_warps=4,
+    )
+    return q
+
+
+def qk_norm_rope_kv_write_ref(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
+                              num_kv_heads: int, head_dim: int, eps: float, slot_mapping,
+                              k_cache, v_cache) -> torch.Tensor:
+    _check_cache(qkv, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim)
+    q, k = qk_norm_rope_ref(qkv, q_weight, k_weight, positions, cos_sin, num_heads,
+                            num_kv_heads, head_dim, eps)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim :].reshape(-1, num_kv_heads, head_dim)
+    kv_write_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+qk_norm_rope_kv_write = dispatch("qk_norm_rope_kv_write", _qk_norm_rope_kv_write_op,
+                                 qk_norm_rope_kv_write_ref)
 
 
 def bench_specs(device: str = "cuda") -> list[dict]:

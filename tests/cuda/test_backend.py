@@ -136,3 +136,24 @@ def test_a_dead_worker_ends_the_process_with_a_clear_message(tiny_path):
     pids = [int(x) for x in p.stdout.split("pids", 1)[1].split()]
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_gpu_graph_paths_equal_eager(tiny_path):
+    """Decode graphs (logits inside the graph) and single-sequence prefill graphs (padded to a
+    bucket) give the eager model's float32 logits and greedy tokens, including a prefix-cache hit
+    whose few new tokens run through the smallest prefill graph."""
+    from kipp_cuda.runner import PREFILL_GRAPH_TOKENS
+
+    graphs = LLM(str(tiny_path), backend="cuda", dtype="float32")
+    eager = LLM(str(tiny_path), backend="cuda", dtype="float32", enforce_eager=True)
+    runner = graphs.backend.runner
+    assert runner.prefill_tokens == list(PREFILL_GRAPH_TOKENS)
+    for n in (1, 5, 16, 17, 100, 256, 300):  # graph buckets, their edges, and eager above them
+        ids = list(range(500, 500 + n))
+        assert rel_err(graphs.logits(ids), eager.logits(ids)) <= 1e-5
+    prompts = [list(range(3, 3 + n)) for n in (40, 7, 90)]
+    want = [o.token_ids for o in eager.generate(prompts, GREEDY)]
+    assert [o.token_ids for o in graphs.generate(prompts, GREEDY)] == want
+    again = graphs.generate(prompts[:1], GREEDY)[0]  # cached prefix, 8 tokens computed
+    assert again.token_ids == want[0] and again.metrics.num_cached_tokens > 0

@@ -165,6 +165,37 @@ def test_dense_gemv(N, K, dtype):
     assert torch.allclose(got, ref, rtol=tol, atol=tol * K**0.5)
 
 
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=4, BLOCK_K=32, SPLIT_K=3, num_warps=4),
+                                    dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_gemv_split_k_and_fused_swiglu(config, dtype):
+    """Split-K partials summed in a fixed order, and act=True: silu(gate) * up rounded to the
+    dtype (as silu_and_mul rounds it), then the GEMV; against float64 from the same rounded
+    activation, and deterministic across calls."""
+    from kipp_cuda.kernels.dense_gemv import _dense_gemv_op, dense_gemv_ref
+    from kipp_cuda.kernels.swiglu import silu_and_mul_ref
+
+    g = torch.Generator().manual_seed(5)
+    N, K = 37, 200
+    gu = (torch.randn(1, 2 * K, generator=g) * 3).to(dtype).to(DEV)
+    w = torch.randn(N, K, generator=g).to(dtype).to(DEV)
+    got = run(_dense_gemv_op, gu, w, True, config)
+    g64, u64 = gu.double().chunk(2, dim=-1)
+    act64 = g64 * torch.sigmoid(g64) * u64  # float64, unrounded
+    ref = act64 @ w.double().T
+    # bf16 rounds the activation (and the output): allow that rounding on every term.
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    atol = tol * ((act64 * w.double()) ** 2).sum(-1).sqrt().max().item()
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=atol)
+    torch.testing.assert_close(dense_gemv_ref(gu, w, True).double(), ref, rtol=tol, atol=atol)
+    assert torch.equal(got, _dense_gemv_op(gu, w, True, config))
+    act = silu_and_mul_ref(gu)
+    plain = run(_dense_gemv_op, act, w, False, config)
+    torch.testing.assert_close(plain.double(), act.double() @ w.double().T, rtol=tol, atol=atol)
+    with pytest.raises(ValueError, match="dense_gemv"):
+        _dense_gemv_op(act, w, True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 3072), (24576, 4096), (151936, 1024)])
 def test_gpu_dense_gemv_qwen3_shapes(N, K):

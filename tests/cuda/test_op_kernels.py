@@ -13,6 +13,7 @@ import torch
 from kipp_core import sampling as S
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
+from kipp_cuda.kernels import kv_write as kvw
 from kipp_cuda.kernels import noise as nz
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels import qk_norm_rope as qr
@@ -38,6 +39,8 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (Qwen3 shapes
 def test_public_ops_are_dispatched_with_raw_ops_importable():
     for public, raw, ref in [(rn.rms_norm, rn._rms_norm_op, rn.rms_norm_ref),
                              (qr.qk_norm_rope, qr._qk_norm_rope_op, qr.qk_norm_rope_ref),
+                             (qr.qk_norm_rope_kv_write, qr._qk_norm_rope_kv_write_op,
+                              qr.qk_norm_rope_kv_write_ref),
                              (sw.silu_and_mul, sw._silu_and_mul_op, sw.silu_and_mul_ref),
                              (qm.q8_0_matmul, qm._q8_0_matmul_op, qm.q8_0_matmul_ref),
                              (am.affine_matmul, am._affine_matmul_op, am.affine_matmul_ref),
@@ -151,6 +154,49 @@ def test_qk_norm_rope_reads_a_strided_qkv_and_leaves_it_alone():
     h = qkv[0, :d].double()
     normed = h / torch.sqrt((h * h).mean() + 1e-6) * args[1].double()
     close(q[0, 0], normed, torch.float32, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("T,hq,hkv,d,page", [(1, 5, 2, 16, 4), (7, 16, 8, 128, 16)])
+def test_qk_norm_rope_kv_write_equals_the_two_ops(dtype, T, hq, hkv, d, page):
+    """The fused launch: q as qk_norm_rope gives it, and the cache exactly as kv_write leaves it
+    after storing that k and qkv's v (untouched slots and skipped tokens stay as they were)."""
+    qkv = randn(T, (hq + 2 * hkv) * d, dtype=dtype, seed=13, scale=4.0)
+    qw, kw = randn(d, dtype=dtype, seed=14), randn(d, dtype=dtype, seed=15)
+    pos = torch.randint(0, 4000, (T,), generator=gen(16)).to(DEV)
+    cs = qr.rope_cos_sin_cache(4000, d, 1e6, DEV)
+    num_blocks = T + 3
+    slots = torch.randperm(num_blocks * page, generator=gen(17))[:T].to(DEV)
+    slots[T // 2] = -1  # a padded token writes nothing
+    k0 = randn(num_blocks, page, hkv, d, dtype=dtype, seed=18)
+    v0 = randn(num_blocks, page, hkv, d, dtype=dtype, seed=19)
+    caches = [k0.clone(), v0.clone(), k0.clone(), v0.clone()]
+    args = (qkv, qw, kw, pos, cs, hq, hkv, d, 1e-6, slots)
+    q = run(qr._qk_norm_rope_kv_write_op, *args, caches[0], caches[1])
+    rq = qr.qk_norm_rope_kv_write_ref(*args, caches[2], caches[3])
+    close(q, rq, dtype, scale=1.0)
+    close(caches[0], caches[2], dtype, scale=1.0)
+    assert torch.equal(caches[1], caches[3])  # v is copied, bit for bit
+    # The reference is the two ops it fuses.
+    k_ref, v_ref = k0.clone(), v0.clone()
+    q2, k2 = qr.qk_norm_rope_ref(*args[:9])
+    v2 = qkv[:, (hq + hkv) * d:].reshape(T, hkv, d)
+    kvw.kv_write_ref(k2, v2, k_ref, v_ref, slots)
+    assert torch.equal(rq, q2) and torch.equal(caches[2], k_ref) and torch.equal(caches[3], v_ref)
+
+
+def test_qk_norm_rope_kv_write_rejects_a_quantized_or_mismatched_cache():
+    qkv = randn(2, 8 * 32, seed=20)
+    cs = qr.rope_cos_sin_cache(64, 32, 1e4, DEV)
+    pos = torch.tensor([1, 2], device=DEV)
+    slots = torch.tensor([0, 1], device=DEV)
+    args = (qkv, randn(32, seed=21), randn(32, seed=22), pos, cs, 4, 2, 32, 1e-6, slots)
+    bad = torch.zeros(4, 4, 2, 32, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="cache"):
+        qr._qk_norm_rope_kv_write_op(*args, bad, bad.clone())
+    q8 = torch.zeros(4, 4, 2, 32, dtype=torch.int8, device=DEV)
+    with pytest.raises(ValueError):
+        qr._qk_norm_rope_kv_write_op(*args, q8, q8.clone())
 
 
 # -- silu_and_mul -------------------------------------------------------------------------------
