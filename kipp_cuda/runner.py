@@ -179,6 +179,12 @@ class ModelRunner:
         keys += [("decode", b) for b in reversed(self.graph_bs)]
         with torch.inference_mode():
             for key in keys:
+                # Warm-up inputs that read only block 0 and write nothing: one context position
+                # a decode row, `size` positions for the prefill sequence.
+                self.g_in[POS].zero_()
+                self.g_in[CTX].fill_(1 if key[0] == "decode" else key[1])
+                if key[0] == "prefill":
+                    self.g_in[POS, : key[1]] = torch.arange(key[1], device=dev)
                 fn = self._graph_fn(*key)
                 fn()  # warm-up: compiles kernels and allocates split-K buffers outside capture
                 torch.cuda.synchronize(dev)

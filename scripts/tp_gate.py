@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import time
 
 import numpy as np
 import torch
@@ -36,8 +37,11 @@ def main() -> None:
     path = random_checkpoint(args.shape)
     prompt = np.random.default_rng(0).integers(0, 151000, size=300).tolist()
     for dtype in ("float32", "bfloat16"):
+        t0 = time.perf_counter()
         l1, t1 = run(path, dtype, 1, prompt, args.tokens)
+        print(f"== {dtype} TP=1 done in {time.perf_counter() - t0:.0f} s", flush=True)
         l2, t2 = run(path, dtype, 2, prompt, args.tokens)
+        print(f"== {dtype} TP=2 done in {time.perf_counter() - t0:.0f} s", flush=True)
         d = l1.astype(np.float64) - l2
         nmse = float(np.mean(d**2) / np.mean(l1.astype(np.float64) ** 2))
         rel = float(np.linalg.norm(d) / np.linalg.norm(l1))
