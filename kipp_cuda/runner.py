@@ -166,13 +166,15 @@ class ModelRunner:
         dev, n = self.device, self.max_num_seqs
         self.prefill_tokens = [t for t in PREFILL_GRAPH_TOKENS if t <= self.max_model_len]
         rows = max(n, self.prefill_tokens[-1] if self.prefill_tokens else 1)
-        self.h_in = torch.zeros((4, rows), dtype=torch.int64).pin_memory()
-        self.h_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32).pin_memory()
+        pin = dev.type == "cuda"  # (CPU only in tests that stand in for the graphs)
+        self.h_in = torch.zeros((4, rows), dtype=torch.int64, pin_memory=pin)
+        self.h_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32, pin_memory=pin)
         self.h_in_np, self.h_bt_np = self.h_in.numpy(), self.h_bt.numpy()
         self.g_in = torch.zeros((4, rows), dtype=torch.int64, device=dev)
         self.g_in[SLOT].fill_(-1)
         self.g_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=dev)
-        self.staged = torch.cuda.Event()
+        self.staged = torch.cuda.Event() if pin else None
+        self.g_cu: dict[int, torch.Tensor] = {}
         self.graph_bs = graph_batch_sizes(n)
         pool = None
         keys = [("prefill", t) for t in reversed(self.prefill_tokens)]
@@ -187,13 +189,18 @@ class ModelRunner:
                     self.g_in[POS, : key[1]] = torch.arange(key[1], device=dev)
                 fn = self._graph_fn(*key)
                 fn()  # warm-up: compiles kernels and allocates split-K buffers outside capture
-                torch.cuda.synchronize(dev)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    self.graph_out[key] = fn()
+                g, self.graph_out[key] = self._capture(fn, pool)
                 pool = g.pool() if pool is None else pool
                 self.graphs[key] = g
-        torch.cuda.synchronize(dev)
+
+    def _capture(self, fn, pool):
+        """(graph, its output tensor) for fn, captured into the shared pool."""
+        torch.cuda.synchronize(self.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            out = fn()
+        torch.cuda.synchronize(self.device)
+        return g, out
 
     def _graph_fn(self, kind: str, size: int):
         """What a graph runs, reading only the staged device inputs: decode of `size` sequences
@@ -207,7 +214,8 @@ class ModelRunner:
                 h = self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
                 return self.model.compute_logits(h)
             return run
-        cu = torch.tensor([0, size], dtype=torch.int32, device=self.device)
+        # Kept on self: a graph holds raw addresses, so its constant inputs must outlive it.
+        cu = self.g_cu[size] = torch.tensor([0, size], dtype=torch.int32, device=self.device)
 
         def run():
             meta = AttentionMetadata(g[SLOT, :size], self.g_bt[:1], g[CTX, :1].to(torch.int32),
@@ -220,7 +228,8 @@ class ModelRunner:
         """Stage n real rows (tokens of one prefill, or decode sequences), pad to the graph's
         size and replay it; returns the graph's output buffer."""
         kind, size = key
-        self.staged.synchronize()  # the last upload from the pinned buffers has finished
+        if self.staged is not None:
+            self.staged.synchronize()  # the last upload from the pinned buffers has finished
         h = self.h_in_np
         h[IDS, :n], h[POS, :n], h[SLOT, :n] = ids, positions, slots
         h[IDS, n:size], h[SLOT, n:size] = 0, -1  # padding writes no KV
@@ -235,6 +244,7 @@ class ModelRunner:
         self.h_bt_np[:b, :w] = bt
         self.g_in.copy_(self.h_in, non_blocking=True)
         self.g_bt[:b].copy_(self.h_bt[:b], non_blocking=True)
-        self.staged.record()
+        if self.staged is not None:
+            self.staged.record()
         self.graphs[key].replay()
         return self.graph_out[key]

@@ -161,7 +161,27 @@ def small(rows):
     hw = torch.randn(128, device="cuda", dtype=torch.bfloat16)
     gu = torch.randn(1, 6144, device="cuda", dtype=torch.bfloat16)
     e = torch.empty(1, device="cuda")
+    from kipp_cuda.kernels.kv_write import _kv_write_op
+    from kipp_cuda.kernels.qk_norm_rope import _qk_norm_rope_kv_write_op
+
+    fused = {}
+    for T in (1, 256, 8192):
+        big = torch.randn(T, 4096, device="cuda", dtype=torch.bfloat16)
+        kc = torch.zeros(T // 32 + 2, 32, 8, 128, device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        slots = torch.arange(T, device="cuda")
+        p = torch.arange(T, device="cuda") % 4096
+        a = (big, hw, hw, p, cs, 16, 8, 128, 1e-6)
+
+        def separate(a=a, kc=kc, vc=vc, slots=slots, big=big, T=T):
+            q, k = _qk_norm_rope_op(*a)
+            _kv_write_op(k, big[:, 3072:].view(T, 8, 128), kc, vc, slots)
+
+        fused[f"qk_norm_rope + kv_write T={T}"] = separate
+        fused[f"qk_norm_rope_kv_write T={T}"] = (
+            lambda a=a, kc=kc, vc=vc, slots=slots: _qk_norm_rope_kv_write_op(*a, slots, kc, vc))
     for name, fn in {
+        **fused,
         "fill_ (empty-ish kernel)": lambda: e.fill_(1.0),
         "rms_norm+res T=1": lambda: _rms_norm_op(x, w, 1e-6, x),
         "qk_norm_rope T=1": lambda: _qk_norm_rope_op(qkv, hw, hw, pos, cs, 16, 8, 128, 1e-6),

@@ -185,6 +185,12 @@ def test_qk_norm_rope_kv_write_equals_the_two_ops(dtype, T, hq, hkv, d, page):
     assert torch.equal(rq, q2) and torch.equal(caches[2], k_ref) and torch.equal(caches[3], v_ref)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Qwen3 shapes)")
+@pytest.mark.parametrize("hq", [16, 32])
+def test_gpu_qk_norm_rope_kv_write_qwen3_shapes(hq):
+    test_qk_norm_rope_kv_write_equals_the_two_ops(torch.bfloat16, 300, hq, 8, 128, 32)
+
+
 def test_qk_norm_rope_kv_write_rejects_a_quantized_or_mismatched_cache():
     qkv = randn(2, 8 * 32, seed=20)
     cs = qr.rope_cos_sin_cache(64, 32, 1e4, DEV)
