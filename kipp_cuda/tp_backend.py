@@ -152,13 +152,20 @@ class TPBackend:
                 conn.send(None)
             except Exception:
                 pass
+        # NCCL's teardown waits for every rank: rank 0 destroys while the workers do, bounded.
+        teardown = None
+        if dist.is_initialized():
+            teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
+            teardown.start()
         for p in self.procs:
-            p.join(timeout=5)
+            p.join(timeout=30)
             if p.is_alive():
                 p.kill()
         self.procs, self.conns = [], []
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if teardown is not None:
+            teardown.join(timeout=10)
+            if teardown.is_alive():
+                log.warning("tensor parallel: the process group did not tear down in 10 s")
 
     def __del__(self):
         try:
