@@ -157,9 +157,9 @@ def test_dense_gemv(N, K, dtype):
     from kipp_cuda.kernels.dense_gemv import _dense_gemv_op
 
     g = torch.Generator().manual_seed(N + K)
-    x = torch.randn(1, K, generator=g).to(dtype)
-    w = torch.randn(N, K, generator=g).to(dtype)
-    got = _dense_gemv_op(x, w).float()
+    x = torch.randn(1, K, generator=g).to(dtype).to(DEV)
+    w = torch.randn(N, K, generator=g).to(dtype).to(DEV)
+    got = run(_dense_gemv_op, x, w).float()
     ref = (x.double() @ w.double().T).float()
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert torch.allclose(got, ref, rtol=tol, atol=tol * K**0.5)
