@@ -19,6 +19,7 @@ from kipp_cuda.kernels.q8_0_matmul import (
     _MAGIC,
     GEMV_MAX_T,
     dot_dtype,
+    gemv_launch,
     gemv_rows,
     interpreting,
     matmul_config,
@@ -257,15 +258,13 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
     cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
-    bn, bg, split = cfg["BLOCK_N"], cfg["BLOCK_G"], cfg["SPLIT_K"]
-    n_tiles = triton.cdiv(N, bn)
-    per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
-    part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
-    _affine_gemv_kernel[(n_tiles, split)](
+    grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
+    _affine_gemv_kernel[grid](
         x, wq, scales, biases, out, part, locks,
         N, num_groups, per_split,
         wq.stride(0), scales.stride(0), biases.stride(0),
-        BITS=bits, GROUP=group_size, BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split,
+        BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
+        SPLIT_K=cfg["SPLIT_K"],
         num_warps=cfg["num_warps"],
     )
     return out

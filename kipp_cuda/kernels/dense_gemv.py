@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.q8_0_matmul import interpreting, num_sms, split_k_buffers, store_tile
+from kipp_cuda.kernels.q8_0_matmul import gemv_launch, interpreting, num_sms, store_tile
 from kipp_cuda.kernels.tuned import tuned_config
 
 
@@ -93,14 +93,11 @@ def _dense_gemv_op(x: torch.Tensor, w: torch.Tensor, act: bool = False,
     if N == 0:
         return out
     cfg = config or gemv_config(N, K, x.device)
-    bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
-    per_split = triton.cdiv(triton.cdiv(K, bk), split) * bk
-    n_tiles = triton.cdiv(N, bn)
-    part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
-    _dense_gemv_kernel[(n_tiles, split)](
+    grid, per_split, part, locks = gemv_launch(x.device, N, K, cfg, "BLOCK_K")
+    _dense_gemv_kernel[grid](
         x, w, out, part, locks, N, K, per_split, w.stride(0),
-        BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, ACT=act, num_warps=cfg["num_warps"],
-        num_stages=1)
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg["SPLIT_K"], ACT=act,
+        num_warps=cfg["num_warps"], num_stages=1)
     return out
 
 

@@ -104,6 +104,16 @@ def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m:
     return part, locks
 
 
+def gemv_launch(device: torch.device, N: int, k_units: int, cfg: dict, unit_key: str):
+    """Grid, per-split length and split-K buffers of a one-token GEMV whose K is walked in
+    cfg[unit_key]-sized steps of `k_units` units (elements or quantization groups)."""
+    bn, bk, split = cfg["BLOCK_N"], cfg[unit_key], cfg["SPLIT_K"]
+    n_tiles = triton.cdiv(N, bn)
+    per_split = triton.cdiv(triton.cdiv(k_units, bk), split) * bk
+    part, locks = split_k_buffers(device, n_tiles, split, 1, bn)
+    return (n_tiles, split), per_split, part, locks
+
+
 def pick_split_k(device: torch.device, num_tiles: int, num_k_blocks: int,
                  min_blocks_per_split: int = 4) -> int:
     """A power of two that brings the programs to about two per SM, keeping each split at least
@@ -312,15 +322,12 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     num_groups = K // QK8_0
     cfg = config or gemv_config(N, num_groups, x.device)
-    split, bn, bg = cfg["SPLIT_K"], cfg["BLOCK_N"], cfg["BLOCK_G"]
-    per_split = triton.cdiv(triton.cdiv(num_groups, bg), split) * bg
-    n_tiles = triton.cdiv(N, bn)
-    part, locks = split_k_buffers(x.device, n_tiles, split, 1, bn)
-    _q8_0_gemv_kernel[(n_tiles, split)](
+    grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
+    _q8_0_gemv_kernel[grid](
         x, qs, d, out, part, locks,
         N, num_groups, per_split,
         qs.stride(0), d.stride(0),
-        BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"],
         num_warps=cfg["num_warps"],
     )
     return out

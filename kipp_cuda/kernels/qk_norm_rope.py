@@ -118,13 +118,18 @@ def _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads,
                          f"{tuple(cos_sin.shape)}")
 
 
-def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
-                     num_kv_heads: int, head_dim: int, eps: float):
+def _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads,
+                  head_dim):
     _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
     if head_dim & (head_dim - 1) or head_dim < 4:
         raise ValueError(f"the kernel needs a power-of-two head_dim, got {head_dim}")
     if qkv.stride(1) != 1 or cos_sin.stride(1) != 1:
         raise ValueError("qkv and cos_sin need their last dimension contiguous")
+
+
+def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
+                     num_kv_heads: int, head_dim: int, eps: float):
+    _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
     T = qkv.shape[0]
     q = torch.empty((T, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((T, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
@@ -181,12 +186,8 @@ def _qk_norm_rope_kv_write_op(qkv, q_weight, k_weight, positions, cos_sin, num_h
                               k_cache, v_cache) -> torch.Tensor:
     """qk_norm_rope, then kv_write of its k and of qkv's v into a (not quantized) paged cache, in
     one launch. Returns q [T, Hq, D]."""
-    _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
+    _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
     _check_cache(qkv, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim)
-    if head_dim & (head_dim - 1) or head_dim < 4:
-        raise ValueError(f"the kernel needs a power-of-two head_dim, got {head_dim}")
-    if qkv.stride(1) != 1 or cos_sin.stride(1) != 1:
-        raise ValueError("qkv and cos_sin need their last dimension contiguous")
     T = qkv.shape[0]
     q = torch.empty((T, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if T == 0:
