@@ -196,3 +196,29 @@ def test_graph_staging_and_padding_equal_eager_on_cpu(tiny_path, monkeypatch):
     assert [o.token_ids for o in staged.generate(prompts, GREEDY)] == want
     again = staged.generate(prompts[:1], GREEDY)[0]
     assert again.token_ids == want[0] and again.metrics.num_cached_tokens > 0
+
+
+def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monkeypatch):
+    """Prompt scores, sampled-token logprobs and speculative verification (several rows of one
+    sequence through a padded prefill graph) equal the eager runner's."""
+    from kipp_cuda.runner import ModelRunner
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the real graphs run (test_gpu_graph_paths_equal_eager)")
+    monkeypatch.setattr(ModelRunner, "_capture",
+                        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()))
+    kw = dict(backend="cuda", dtype="float32", max_num_seqs=4)
+    staged = LLM(str(tiny_path), **kw, speculative="ngram", num_speculative_tokens=3)
+    staged.backend.runner.capture()
+    eager = LLM(str(tiny_path), **kw, speculative="ngram", num_speculative_tokens=3)
+    prompt = list(range(20, 40)) * 3  # repeats: the n-gram proposer drafts
+    a, b = staged.score(prompt, top_n=2)[0], eager.score(prompt, top_n=2)[0]
+    assert a[0] is None and b[0] is None
+    assert [x.token_id for x in a[1:]] == [x.token_id for x in b[1:]]
+    assert np.allclose([x.logprob for x in a[1:]], [x.logprob for x in b[1:]], atol=1e-5)
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    x, y = staged.generate([prompt], p)[0], eager.generate([prompt], p)[0]
+    assert x.token_ids == y.token_ids
+    xl, yl = x.outputs[0].logprobs, y.outputs[0].logprobs
+    assert len(xl) == 12 and np.allclose([t.logprob for t in xl], [t.logprob for t in yl],
+                       atol=1e-5)
