@@ -74,8 +74,19 @@ def _worker(rank, world, port, device_type, ckpt_path, entry, options, conn, par
             pass
         raise
     finally:
+        _release(locals().get("shard"))
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _release(shard) -> None:
+    """Drop a shard's CUDA graphs (they hold NCCL work) before its process group is destroyed."""
+    runner = getattr(shard, "runner", None)
+    if runner is not None:
+        runner.graphs.clear()
+        runner.graph_out.clear()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class TPBackend:
@@ -153,6 +164,7 @@ class TPBackend:
             except Exception:
                 pass
         # NCCL's teardown waits for every rank: rank 0 destroys while the workers do, bounded.
+        _release(getattr(self, "shard", None))
         teardown = None
         if dist.is_initialized():
             teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
