@@ -49,6 +49,10 @@ diag)
 profile)
   step profile 0.6B decode
   timeout 150 python scripts/profile_decode.py --shape qwen3-0.6b --batch 1 2>&1 | tail -45
+  [ "${2:-}" = batch ] || exit 0
+  step "profile 0.6B decode, batch 256 (the throughput target's regime)"
+  timeout 200 python scripts/profile_decode.py --shape qwen3-0.6b --batch 256 --context 1024 \
+    --steps 16 2>&1 | tail -30
   ;;
 bench8)
   for q in none q8_0 affine4; do
