@@ -42,6 +42,7 @@ def test_bench_smoke(tiny_path, tmp_path, capsys, no_fallbacks):
     assert [row["batch_size"] for row in r["rows"]] == [1, 2]
     for row in r["rows"]:
         _positive(row, ["prefill_tok_s", "decode_tok_s", "ttft_s", "decode_step_ms"])
+        assert len(row["prefill_samples"]) == 3 and row["prefill_tok_s"] in row["prefill_samples"]
         assert row["decode_tokens"] == row["batch_size"] * 3  # all but each first token
     _positive(r["throughput"], ["requests_s", "total_tok_s", "output_tok_s"])
     pc = r["prefix_cache"]
@@ -58,6 +59,18 @@ def test_bench_smoke(tiny_path, tmp_path, capsys, no_fallbacks):
     assert md == capsys.readouterr().out
     assert " ".join(["kipp", *argv]) in md and r["run"]["date"] in md
     assert "| transformers | 2 |" in md and "| kipp | 1 |" in md
+
+
+def test_prefill_is_the_median_of_its_repeats(monkeypatch):
+    """--repeats N times prefill N times and keeps the median run (its TTFT with it)."""
+    from kipp_core import bench
+
+    speeds = iter([300.0, 100.0, 200.0])
+    monkeypatch.setattr(bench, "measure_prefill", lambda *a: (lambda v: {
+        "prefill_tok_s": v, "ttft_s": 1 / v, "prefill_s": 1 / v})(next(speeds)))
+    got = bench.median_prefill(None, 8, 1, None, 3)
+    assert got["prefill_tok_s"] == 200.0 and got["ttft_s"] == 1 / 200.0
+    assert got["prefill_samples"] == [100.0, 200.0, 300.0]
 
 
 def test_bench_refuses_to_record_after_a_fallback(tiny_path, tmp_path, capsys, no_fallbacks):
