@@ -15,21 +15,17 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.q8_0_matmul import (
-    _MAGIC,
-    GEMV_MAX_T,
+from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     gemv_launch,
-    gemv_rows,
     interpreting,
-    matmul_config,
     num_sms,
     pick_split_k,
-    rotate,
     split_k_buffers,
     store_tile,
     tile_ids,
 )
+from kipp_cuda.kernels.q8_0_matmul import _MAGIC, GEMV_MAX_T, gemv_rows, matmul_config, rotate
 from kipp_cuda.kernels.tuned import tuned_config
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

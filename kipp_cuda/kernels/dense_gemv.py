@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.q8_0_matmul import gemv_launch, interpreting, num_sms, store_tile
+from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_tile
 from kipp_cuda.kernels.tuned import tuned_config
 
 

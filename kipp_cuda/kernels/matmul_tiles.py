@@ -1,0 +1,114 @@
+"""Tiling, split-K and launch helpers shared by the matmul kernels (q8_0_matmul, affine_matmul,
+dense_gemv)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@triton.jit
+def store_tile(acc, out_ptr, part_ptr, lock_ptr, rm, rn, T, N, stride_ot, tile, pid_k,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Write an fp32 [BLOCK_M, BLOCK_N] tile of out (rows rm, columns rn). With SPLIT_K > 1 each
+    split stores its partial; the last to arrive sums all SPLIT_K in order and writes out."""
+    mask = (rm < T)[:, None] & (rn < N)[None, :]
+    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # part: [num_tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32; lock: one zeroed int32 per tile.
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_part = part_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        tl.store(tile_part + pid_k * (BLOCK_M * BLOCK_N) + offs, acc)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if count == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: read through L2; this SM's L1 may hold a stale copy from an earlier call.
+                total += tl.load(tile_part + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)  # re-armed for the next call
+
+
+@triton.jit
+def tile_ids(pid, T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row tiles walk the columns together, so weight tiles are reused
+    from L2 while they are hot."""
+    num_m = tl.cdiv(T, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@functools.lru_cache(maxsize=8)
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m: int,
+                    block_n: int):
+    """(partials, locks) for a split-K launch. The locks persist zeroed between calls (the last
+    program of each tile re-arms its own), one set a device: split-K launches must not run
+    concurrently on two streams. The first call allocates them, so make it before CUDA-graph
+    capture (the runner's warm-up does); buffers are never freed, as a graph may hold them."""
+    if split_k == 1:
+        return None, None
+    held = _LOCKS.setdefault(device, [])
+    if not held or held[-1].numel() < num_tiles:
+        held.append(torch.zeros(max(4096, triton.next_power_of_2(num_tiles)), dtype=torch.int32,
+                                device=device))
+    locks = held[-1]
+    part = torch.empty(num_tiles * split_k * block_m * block_n, dtype=torch.float32,
+                       device=device)
+    return part, locks
+
+
+def gemv_launch(device: torch.device, N: int, k_units: int, cfg: dict, unit_key: str):
+    """Grid, per-split length and split-K buffers of a one-token GEMV whose K is walked in
+    cfg[unit_key]-sized steps of `k_units` units (elements or quantization groups)."""
+    bn, bk, split = cfg["BLOCK_N"], cfg[unit_key], cfg["SPLIT_K"]
+    n_tiles = triton.cdiv(N, bn)
+    per_split = triton.cdiv(triton.cdiv(k_units, bk), split) * bk
+    part, locks = split_k_buffers(device, n_tiles, split, 1, bn)
+    return (n_tiles, split), per_split, part, locks
+
+
+def pick_split_k(device: torch.device, num_tiles: int, num_k_blocks: int,
+                 min_blocks_per_split: int = 4) -> int:
+    """A power of two that brings the programs to about two per SM, keeping each split at least
+    `min_blocks_per_split` K blocks long."""
+    split = 1
+    target = 2 * num_sms(device)
+    while (num_tiles * split * 2 <= target
+           and num_k_blocks // (split * 2) >= min_blocks_per_split and split < 16):
+        split *= 2
+    return split
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_dtype(dtype: torch.dtype):
+    """What tl.dot multiplies: the activation dtype, except fp32 for bf16 under the interpreter
+    (its bf16 arithmetic is broken)."""
+    if dtype == torch.bfloat16 and interpreting():
+        return tl.float32
+    return _TL[dtype]
