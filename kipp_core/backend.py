@@ -5,6 +5,11 @@ A step is one `ModelInput`: for each scheduled sequence a run of new tokens (a p
 decode token, or a decode token followed by draft tokens) at positions `start_pos..`, with the block
 table that holds its KV. The backend writes the new tokens' K/V into those blocks, attends over the
 whole context, and answers with one `SeqOutput` per entry, in order.
+
+A backend may also offer `execute_async(batch) -> PendingOutputs`: it queues the step on the device
+and returns at once, so the engine can schedule the next step while this one runs. A token of that
+next step may then be `PENDING`: the token the previous step sampled for the same sequence, still
+on the device, which the backend substitutes there without a round trip through the host.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import numpy as np
 
 from kipp_core.config import ModelConfig
 from kipp_core.sampling import SamplerState, TokenLogprob
+
+PENDING = -1  # a token id not yet known to the host: the previous step's sample for this seq
 
 
 @dataclass
@@ -81,6 +88,12 @@ class Backend(Protocol):
     num_blocks: int
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]: ...
+
+
+class PendingOutputs(Protocol):
+    """A step queued by `execute_async`; `result()` waits for it."""
+
+    def result(self) -> list[SeqOutput]: ...
 
 
 BACKENDS = {

@@ -103,7 +103,9 @@ class BlockManager:
             return
         chain = self._chain.setdefault(seq.seq_id, [])
         bs = self.block_size
-        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        # Only blocks of known tokens: a pending sample (async scheduling) has no value yet.
+        known = min(seq.num_computed_tokens, seq.num_known_tokens)
+        num_full = min(known // bs, len(seq.block_table))
         tokens = None
         while len(chain) < num_full:
             i = len(chain)

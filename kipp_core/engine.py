@@ -4,6 +4,14 @@
     outputs = backend.execute(model_input(scheduled))
     postprocess(scheduled, outputs)
 
+With a backend that offers `execute_async` (async scheduling, as vLLM's), a step queues step N+1
+on the device before it waits for step N: N+1's decodes take N's samples as PENDING tokens, which
+the backend reads on the device, so the host's scheduling and detokenizing overlap the GPU. Each
+sequence is advanced at launch (its computed tokens, plus one pending sample) and its sample is
+appended when the step's result arrives. A sequence whose next step depends on the pending token's
+value (penalties over the output) or that is sure to finish waits for it instead. Outputs are the
+same as the synchronous loop's, token for token.
+
 Single-threaded: the server drives it from one worker thread (kipp_core.server.async_engine).
 """
 
@@ -34,6 +42,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: object | None = None  # a kipp_core.spec_decode.SpecConfig
+    async_scheduling: bool = True  # where the backend offers execute_async (not with speculation)
 
 
 class LLMEngine:
@@ -71,6 +80,9 @@ class LLMEngine:
 
             self.spec = SpecDecoder(self.config.speculative, self)
         self.stats = EngineCounters()
+        self._async = (self.config.async_scheduling and self.spec is None
+                       and hasattr(backend, "execute_async"))
+        self._inflight = None  # (scheduled, PendingOutputs, launch time) of the queued step
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -162,6 +174,7 @@ class LLMEngine:
     def abort_all(self) -> list[str]:
         """Abort every request and forget it at once, without another step (after a step failed):
         all blocks are freed and no outputs are reported. Returns the request ids."""
+        self._inflight = None
         ids = list(self.requests)
         for rid in ids:
             self.abort_request(rid)
@@ -174,6 +187,8 @@ class LLMEngine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self._async:
+            return self._step_async()
         drafts = self.spec.propose(self.scheduler.running) if self.spec else None
         scheduled = self.scheduler.schedule(
             {k: v[0] for k, v in drafts.items()} if drafts else None
@@ -186,8 +201,46 @@ class LLMEngine:
             assert len(outs) == len(scheduled)
             now = time.monotonic()
             for s, out in zip(scheduled, outs):
+                self._advance(s)
                 self._postprocess(s, out, now)
         return self._collect_outputs()
+
+    def _step_async(self) -> list[RequestOutput]:
+        prev, self._inflight = self._inflight, None
+        scheduled = self.scheduler.schedule(hold=self._hold)
+        if scheduled:
+            batch = ModelInput([self._seq_input(s, None) for s in scheduled])
+            self._inflight = (scheduled, batch, self.backend.execute_async(batch),
+                              time.perf_counter())
+            for s in scheduled:
+                self._advance(s)
+        if prev is not None:
+            scheduled, batch, pending, t0 = prev
+            outs = pending.result()
+            self.stats.record_step(batch, time.perf_counter() - t0)
+            now = time.monotonic()
+            for s, out in zip(scheduled, outs):
+                self._postprocess(s, out, now)
+        return self._collect_outputs()
+
+    def _hold(self, seq: Sequence) -> bool:
+        """Async scheduling: wait for seq's pending token instead of computing after it."""
+        if seq.num_uncomputed == 0:
+            return True  # nothing to compute until the sample arrives (score-only, held before)
+        if not seq.num_pending:
+            return False
+        p = seq.params
+        if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            return True  # the next sample depends on the pending token's value
+        made = len(seq.output_token_ids) + seq.num_pending
+        return (p.max_tokens is not None and made >= p.max_tokens) or \
+            seq.num_tokens >= self.max_model_len
+
+    def _advance(self, s: ScheduledSeq) -> None:
+        """A step was queued for s: its new tokens count as computed, its sample as pending."""
+        s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_token_ids)
+        if s.samples:
+            s.seq.num_pending += 1
 
     def _seq_input(self, s: ScheduledSeq, drafts) -> SeqInput:
         seq = s.seq
@@ -213,6 +266,7 @@ class LLMEngine:
                 seq.prompt_token_ids,
                 seq.output_token_ids,
                 self.stop_ids(p),
+                seq.num_pending,
             )
             inp.num_logprobs = p.logprobs
             if s.draft_token_ids:
@@ -231,10 +285,10 @@ class LLMEngine:
         st = req.states[seq.stream]
         if out.scores:
             seq.prompt_logprobs.extend(out.scores)
-        seq.num_computed_tokens += s.num_new_tokens - len(s.draft_token_ids)
         if not s.samples:
             self.block_manager.publish(seq)
             return
+        seq.num_pending -= 1
         if req.score_only:
             self.block_manager.publish(seq)
             self._finish(st, "length")
@@ -247,7 +301,7 @@ class LLMEngine:
             seq.first_token_time = now
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
-        self.block_manager.publish(seq)
+        reason = None
         for i, tok in enumerate(out.token_ids):
             seq.output_token_ids.append(tok)
             st.delta_ids.append(tok)
@@ -256,8 +310,10 @@ class LLMEngine:
                 st.delta_logprobs.append(out.logprobs[i])
             reason = self._check_stop(st, tok)
             if reason:
-                self._finish(st, reason)
                 break
+        self.block_manager.publish(seq)  # after the append: published blocks hold known tokens
+        if reason:
+            self._finish(st, reason)
 
     def _check_stop(self, st: SeqState, tok: int) -> str | None:
         seq, p = st.seq, st.seq.params
@@ -272,7 +328,7 @@ class LLMEngine:
             return "stop"
         if p.max_tokens is not None and len(seq.output_token_ids) >= p.max_tokens:
             return "length"
-        if seq.num_tokens >= self.max_model_len:
+        if seq.num_known_tokens >= self.max_model_len:
             return "length"
         return None
 

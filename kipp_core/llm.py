@@ -46,6 +46,7 @@ class LLM:
         quant: str | None = None,
         kv_quant: str | None = None,
         enforce_eager: bool = False,
+        async_scheduling: bool = True,
         tensor_parallel: int = 1,
         speculative: str | None = None,
         speculative_model: str | None = None,
@@ -102,6 +103,7 @@ class LLM:
                     max_waiting=max_waiting,
                 ),
                 speculative=spec,
+                async_scheduling=async_scheduling,
             ),
         )
 

@@ -44,10 +44,13 @@ class SamplerState:
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # Samples still on the device (async scheduling): they count as steps. Penalties, which
+    # need their values, are never applied with pending samples (the engine waits for them).
+    num_pending: int = 0
 
     @property
     def step(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.output_token_ids) + self.num_pending
 
 
 @dataclass

@@ -9,6 +9,7 @@ run out, the newest running sequence is preempted: its blocks are freed and it r
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kipp_core.block_manager import BlockManager
@@ -64,15 +65,18 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, drafts: dict[int, list[int]] | None = None) -> list[ScheduledSeq]:
-        """Pick this step's work. `drafts` maps seq_id to proposed draft tokens for decodes."""
+    def schedule(self, drafts: dict[int, list[int]] | None = None,
+                 hold: Callable[[Sequence], bool] | None = None) -> list[ScheduledSeq]:
+        """Pick this step's work. `drafts` maps seq_id to proposed draft tokens for decodes;
+        running sequences for which `hold` is true wait this step out (async scheduling: their
+        pending token must be known first)."""
         budget = self.config.max_num_batched_tokens
         chunk_cap = self.config.long_prefill_threshold or budget
         out: list[ScheduledSeq] = []
         scheduled: set[int] = set()
         preempted = False
         for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING or budget <= 0:
+            if seq.status is not SeqStatus.RUNNING or budget <= 0 or (hold and hold(seq)):
                 continue
             draft = (drafts or {}).get(seq.seq_id, []) if seq.num_uncomputed == 1 else []
             draft = draft[: max(0, budget - 1)]
@@ -121,6 +125,7 @@ class Scheduler:
         self.bm.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
+        seq.num_pending = 0  # an in-flight sample is dropped; it is sampled again, the same
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from kipp_core.backend import PENDING
 from kipp_core.sampling import SamplingParams, TokenLogprob
 
 
@@ -27,6 +28,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache
+    # Sampled on the device by a step still in flight, not yet appended (async scheduling).
+    num_pending: int = 0
     block_table: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
@@ -49,15 +52,23 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of the sequence, the pending ones included."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def token_ids(self) -> list[int]:
+        """The known tokens (a pending one is not known yet)."""
         return self.prompt_token_ids + self.output_token_ids
 
     def token_at(self, i: int) -> int:
-        p = self.prompt_token_ids
-        return p[i] if i < len(p) else self.output_token_ids[i - len(p)]
+        p, o = self.prompt_token_ids, self.output_token_ids
+        if i < len(p):
+            return p[i]
+        return o[i - len(p)] if i - len(p) < len(o) else PENDING
 
     @property
     def num_uncomputed(self) -> int:

@@ -106,3 +106,6 @@ class ShardBackend:
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
         return self.runner.execute(batch)
+
+    def execute_async(self, batch: ModelInput):
+        return self.runner.execute_async(batch)

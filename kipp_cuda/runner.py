@@ -16,15 +16,43 @@ import logging
 import numpy as np
 import torch
 
-from kipp_core.backend import ModelInput, SeqOutput
+from kipp_core.backend import PENDING, ModelInput, SeqOutput
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.model import Qwen3Model
-from kipp_cuda.sampler import sample_rows, token_logprobs
+from kipp_cuda.sampler import sample_tokens, token_logprobs
+from kipp_cuda.staging import upload
 
 log = logging.getLogger("kipp")
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
 IDS, POS, SLOT, CTX = range(4)  # rows of the staged int64 inputs
+
+
+class PendingSamples:
+    """A queued step's outputs: everything but the sampled tokens is filled in; those are copied
+    to pinned host memory behind the step and read when `result()` is called."""
+
+    def __init__(self, outs: list[SeqOutput], rows: list[int] | None = None,
+                 tokens: torch.Tensor | None = None):
+        self.outs, self.rows = outs, rows or []
+        self.host, self.done = None, None
+        if tokens is not None:
+            if tokens.is_cuda:
+                self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                self.host.copy_(tokens, non_blocking=True)
+                self.done = torch.cuda.Event()
+                self.done.record()
+            else:
+                self.host = tokens
+
+    def result(self) -> list[SeqOutput]:
+        if self.host is not None:
+            if self.done is not None:
+                self.done.synchronize()
+            for i, t in zip(self.rows, self.host.tolist()):
+                self.outs[i].token_ids = [t]
+            self.host = None
+        return self.outs
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -44,6 +72,8 @@ class ModelRunner:
         self.graph_out: dict[tuple[str, int], torch.Tensor] = {}
         self.graph_bs: list[int] = []
         self.prefill_tokens: list[int] = []
+        self._last_tokens: torch.Tensor | None = None  # the last step's samples, on the device
+        self._last_rows: dict[int, int] = {}  # seq_id -> row of _last_tokens
         if use_graphs:
             self.capture()
 
@@ -72,7 +102,7 @@ class ModelRunner:
         return ids, positions, slots, bt, ctx, q_lens
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(self.device, non_blocking=True)
+        return upload(a, self.device)
 
     # -- forward --------------------------------------------------------------------------------
 
@@ -85,12 +115,14 @@ class ModelRunner:
         is_decode = bool((q_lens == 1).all())
         if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
             bs = next(b for b in self.graph_bs if b >= B)
-            return None, self._replay(("decode", bs), B, ids, positions, slots, bt, ctx)[:B]
+            return None, self._replay(("decode", bs), batch, ids, positions, slots, bt,
+                                      ctx)[:B]
         if B == 1 and not is_decode and self.prefill_tokens and T <= self.prefill_tokens[-1]:
             tb = next(t for t in self.prefill_tokens if t >= T)
             # Padded queries sit at positions up to start + tb - 1: inside the block table.
             if int(ctx[0]) - T + tb <= self.max_blocks * self.block_size:
-                return self._replay(("prefill", tb), T, ids, positions, slots, bt, ctx)[:T], None
+                return self._replay(("prefill", tb), batch, ids, positions, slots, bt,
+                                    ctx)[:T], None
         cu = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(q_lens, out=cu[1:])
         meta = AttentionMetadata(
@@ -98,10 +130,18 @@ class ModelRunner:
             context_lens=self._tensor(ctx), is_decode=is_decode,
             cu_seqlens_q=None if is_decode else self._tensor(cu), max_q_len=int(q_lens.max()),
             max_context_len=int(ctx.max()))
-        return self.model(self._tensor(ids), self._tensor(positions), self.kv_caches, meta), None
+        ids_t = self._tensor(ids)
+        self._fill_pending(ids_t, batch)
+        return self.model(ids_t, self._tensor(positions), self.kv_caches, meta), None
+
+    def execute(self, batch: ModelInput) -> list[SeqOutput]:
+        return self.execute_async(batch).result()
 
     @torch.inference_mode()
-    def execute(self, batch: ModelInput) -> list[SeqOutput]:
+    def execute_async(self, batch: ModelInput) -> PendingSamples:
+        """Queue the step and return without waiting for the device, as long as nothing but
+        plain sampling is asked (logprobs, scores, drafts and raw logits wait for their values).
+        PENDING tokens of the batch are this runner's previous samples for the same sequences."""
         hidden, logits = self.forward(batch)
         # Which rows need logits: every row (return_logits), score rows, the sampling rows.
         rows, spans = [], []
@@ -121,20 +161,22 @@ class ModelRunner:
             off += n
         outs = [SeqOutput() for _ in batch.seqs]
         if not rows:
-            return outs
+            return PendingSamples(outs)
         if logits is None:
             logits = self.model.compute_logits(hidden[self._index(rows)])
         elif len(rows) != logits.shape[0]:
             logits = logits[self._index(rows)]
         plain = [(i, s) for i, s in enumerate(batch.seqs)
                  if s.sampler is not None and not s.draft_token_ids]
+        self._last_tokens, self._last_rows = None, {}
         if plain:
             idx = [spans[i][len(s.token_ids) - 1] for i, s in plain]
             picked = logits if idx == list(range(logits.shape[0])) else logits[idx]
-            toks, lps = sample_rows(picked, [s.sampler for _, s in plain],
-                                    [s.num_logprobs for _, s in plain])
+            toks, lps = sample_tokens(picked, [s.sampler for _, s in plain],
+                                      [s.num_logprobs for _, s in plain])
+            self._last_tokens = toks
+            self._last_rows = {s.seq_id: j for j, (_, s) in enumerate(plain)}
             for j, (i, _) in enumerate(plain):
-                outs[i].token_ids = [toks[j]]
                 if lps is not None and lps[j] is not None:
                     outs[i].logprobs = [lps[j]]
         for i, s in enumerate(batch.seqs):
@@ -154,10 +196,31 @@ class ModelRunner:
                 outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
             if s.return_logits:
                 outs[i].logits = logits[[sp[j] for j in range(n)]].cpu().numpy()
-        return outs
+        return PendingSamples(outs, [i for i, _ in plain], toks if plain else None)
 
     def _index(self, rows: list[int]) -> torch.Tensor:
-        return torch.tensor(rows, device=self.device)
+        return upload(np.asarray(rows, dtype=np.int64), self.device)
+
+    def _fill_pending(self, ids: torch.Tensor, batch: ModelInput) -> None:
+        """Write the previous step's samples, still on the device, over the PENDING ids."""
+        dst, src = [], []
+        off = 0
+        for s in batch.seqs:
+            for j, t in enumerate(s.token_ids):
+                if t == PENDING:
+                    if s.seq_id not in self._last_rows:
+                        raise RuntimeError(f"seq {s.seq_id} has a PENDING token but the last "
+                                           f"step sampled nothing for it")
+                    dst.append(off + j)
+                    src.append(self._last_rows[s.seq_id])
+            off += len(s.token_ids)
+        if not dst:
+            return
+        k = len(dst)
+        if dst == src == list(range(k)):  # the steady state: the same sequences, in order
+            ids[:k].copy_(self._last_tokens[:k])
+        else:
+            ids[self._index(dst)] = self._last_tokens[self._index(src)]
 
     # -- CUDA graphs ----------------------------------------------------------------------------
 
@@ -224,10 +287,11 @@ class ModelRunner:
             return self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
         return run
 
-    def _replay(self, key: tuple[str, int], n: int, ids, positions, slots, bt, ctx):
-        """Stage n real rows (tokens of one prefill, or decode sequences), pad to the graph's
+    def _replay(self, key: tuple[str, int], batch: ModelInput, ids, positions, slots, bt, ctx):
+        """Stage the batch's rows (tokens of one prefill, or decode sequences), pad to the graph's
         size and replay it; returns the graph's output buffer."""
         kind, size = key
+        n = len(ids)
         if self.staged is not None:
             self.staged.synchronize()  # the last upload from the pinned buffers has finished
         h = self.h_in_np
@@ -246,5 +310,6 @@ class ModelRunner:
         self.g_bt[:b].copy_(self.h_bt[:b], non_blocking=True)
         if self.staged is not None:
             self.staged.record()
+        self._fill_pending(self.g_in[IDS], batch)
         self.graphs[key].replay()
         return self.graph_out[key]

@@ -26,6 +26,7 @@ import torch
 from kipp_core.sampling import SALT_SAMPLE, SamplerState, SamplingParams, TokenLogprob, noise_keys
 from kipp_cuda.kernels.noise import uniform_rows
 from kipp_cuda.kernels.top_p import top_p_keep
+from kipp_cuda.staging import upload
 
 _NEG_INF = float("-inf")
 # exp(-17.5) < 2**-24 <= half an ulp of any running top-p sum (which starts at 1): tokens further
@@ -47,7 +48,7 @@ def _pairs(rows: list[int], ids: list[np.ndarray], device) -> tuple[torch.Tensor
     """Row and column index tensors for (row, id) pairs, built on the host, one upload each."""
     r = np.concatenate([np.full(len(i), row, np.int64) for row, i in zip(rows, ids)])
     c = np.concatenate(ids).astype(np.int64)
-    return torch.from_numpy(r).to(device), torch.from_numpy(c).to(device)
+    return upload(r, device), upload(c, device)
 
 
 def _ids_below(ids, vocab: int) -> np.ndarray:
@@ -69,7 +70,7 @@ def process_logits(x: torch.Tensor, states: Sequence[SamplerState]) -> torch.Ten
             bias_vals.append(np.array([st.params.logit_bias[int(t)] for t in ids], np.float32))
     if bias_rows:
         r, c = _pairs(bias_rows, bias_ids, dev)
-        x.index_put_((r, c), torch.from_numpy(np.concatenate(bias_vals)).to(dev), accumulate=True)
+        x.index_put_((r, c), upload(np.concatenate(bias_vals), dev), accumulate=True)
     stop_rows = [i for i, st in enumerate(states) if st.step < st.params.min_tokens]
     if stop_rows:
         ids = [_ids_below(states[i].stop_token_ids, V) for i in stop_rows]
@@ -101,7 +102,7 @@ def process_logits(x: torch.Tensor, states: Sequence[SamplerState]) -> torch.Ten
 
 
 def _column(values, device) -> torch.Tensor:
-    return torch.from_numpy(np.array(values, dtype=np.float32)[:, None]).to(device)
+    return upload(np.array(values, dtype=np.float32)[:, None], device)
 
 
 def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -122,7 +123,7 @@ def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.
         x = torch.where(skip | (torch.exp(x - x_max) >= mp), x, _NEG_INF)
     top_k = [p.top_k if 0 < p.top_k < V else 0 for p in params]
     if any(top_k):
-        k = torch.tensor(top_k, dtype=torch.int64, device=dev)[:, None]
+        k = upload(np.array(top_k, dtype=np.int64), dev)[:, None]
         kth = torch.topk(x, max(top_k), dim=-1).values.gather(1, (k - 1).clamp(min=0))
         x = torch.where(~finite | (k == 0) | (x >= kth), x, _NEG_INF)  # ties with the k-th stay
     rows = [i for i, p in enumerate(params) if p.top_p < 1]
@@ -135,7 +136,7 @@ def _mask_top_p(x: torch.Tensor, rows: list[int], top_p: list[float],
                 finite: torch.Tensor) -> torch.Tensor:
     V = x.shape[1]
     dev = x.device
-    idx = torch.tensor(rows, dtype=torch.int64, device=dev)
+    idx = upload(np.array(rows, dtype=np.int64), dev)
     sub = x[idx] if len(rows) < x.shape[0] else x
     ok = finite[idx] if len(rows) < x.shape[0] else finite
     sub_max = sub.max(dim=-1, keepdim=True).values
@@ -162,7 +163,7 @@ def gumbel_noise_rows(states: Sequence[SamplerState], vocab: int, device) -> tor
     """-log(-log(u)) [S, V] with u the reference's uniform noise at each row's (seed, stream,
     step, salt 0)."""
     keys = [noise_keys(st.seed, st.stream, st.step, SALT_SAMPLE) for st in states]
-    k = torch.tensor(keys, dtype=torch.int64).to(device)
+    k = upload(np.array(keys, dtype=np.int64).reshape(-1, 2), device)
     u = uniform_rows(k[:, 0].contiguous(), k[:, 1].contiguous(), vocab)
     return -torch.log(-torch.log(u))
 
@@ -176,6 +177,15 @@ def sample_rows(logits: torch.Tensor, states: Sequence[SamplerState],
     row (None where not asked): the sampled token's logprob under the raw logits, its rank and
     the top-N alternatives, as kipp_core.sampling.logprobs.
     """
+    tokens, lps = sample_tokens(logits, states, num_logprobs)
+    return tokens.tolist(), lps
+
+
+def sample_tokens(logits: torch.Tensor, states: Sequence[SamplerState],
+                  num_logprobs: Sequence[int | None] | None = None,
+                  ) -> tuple[torch.Tensor, list[TokenLogprob | None] | None]:
+    """sample_rows with the tokens left on the device (int64 [B]): greedy and temperature-only
+    batches without logprobs queue their kernels and return without waiting for them."""
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(f"logits must be [B, V] with one row per state, got "
                          f"{tuple(logits.shape)} for {len(states)} states")
@@ -184,7 +194,7 @@ def sample_rows(logits: torch.Tensor, states: Sequence[SamplerState],
     B, V = logits.shape
     raw = logits.float()
     if B == 0:
-        return [], None
+        return torch.zeros(0, dtype=torch.int64, device=raw.device), None
     dev = raw.device
     x = process_logits(raw, states) if any(_needs_processing(st) for st in states) else raw
     greedy = [st.params.is_greedy for st in states]
@@ -192,7 +202,8 @@ def sample_rows(logits: torch.Tensor, states: Sequence[SamplerState],
         tokens = x.argmax(dim=-1)
     else:
         rand = [i for i, g in enumerate(greedy) if not g]
-        sub = x if len(rand) == B else x[torch.tensor(rand, device=dev)]
+        rand_t = upload(np.array(rand, dtype=np.int64), dev)
+        sub = x if len(rand) == B else x[rand_t]
         f = filtered_logits(sub, [states[i].params for i in rand])
         g = gumbel_noise_rows([states[i] for i in rand], V, dev)
         picked = (f + g).argmax(dim=-1)
@@ -200,16 +211,16 @@ def sample_rows(logits: torch.Tensor, states: Sequence[SamplerState],
             tokens = picked
         else:
             tokens = x.argmax(dim=-1)
-            tokens[torch.tensor(rand, device=dev)] = picked
+            tokens[rand_t] = picked
     if num_logprobs is None or all(n is None for n in num_logprobs):
-        return tokens.tolist(), None
+        return tokens, None
     rows = [i for i, n in enumerate(num_logprobs) if n is not None]
     lps = token_logprobs(raw[torch.tensor(rows, device=dev)],
                          tokens[torch.tensor(rows, device=dev)], [num_logprobs[i] for i in rows])
     out: list[TokenLogprob | None] = [None] * B
     for i, lp in zip(rows, lps):
         out[i] = lp
-    return tokens.tolist(), out
+    return tokens, out
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:

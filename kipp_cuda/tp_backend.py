@@ -64,7 +64,9 @@ def _worker(rank, world, port, device_type, ckpt_path, entry, options, conn, par
             msg = conn.recv()
             if msg is None:
                 break
-            shard.execute(msg)
+            # Queued, never waited for: the NCCL collectives keep it in step with rank 0, and
+            # its samples (the same as rank 0's) stay on the device for the next step.
+            shard.execute_async(msg)
     except (EOFError, KeyboardInterrupt):
         pass
     except BaseException as e:  # report, then die: the main process turns this into an error
@@ -148,13 +150,16 @@ class TPBackend:
         raise RuntimeError(f"tensor-parallel worker {proc.name} did not answer in {timeout} s")
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
+        return self.execute_async(batch).result()
+
+    def execute_async(self, batch: ModelInput):
         for conn, p in zip(self.conns, self.procs):
             if not p.is_alive():
                 self.close()
                 raise RuntimeError(f"tensor-parallel worker {p.name} died "
                                    f"(exit code {p.exitcode}); the backend is shut down")
             conn.send(batch)
-        return self.shard.execute(batch)
+        return self.shard.execute_async(batch)
 
     def close(self) -> None:
         self._closing = True

@@ -94,6 +94,26 @@ final)
     --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
     --json "$OUT/final8.json" 2>&1 | grep -E "kipp bench|ready" | tail -3
   ;;
+async)
+  step "async scheduling on the GPU (CUDA graphs + PENDING tokens) and the graph tests"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_async_scheduling.py \
+    -k "not preempting" 2>&1 | tail -2
+  timeout 150 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda \
+    -k "gpu_decode_cuda_graph or graph_paths" 2>&1 | tail -2
+  for mode in async sync; do
+    flag=""; [ $mode = sync ] && flag="--no-async-scheduling"
+    peers=""; [ $mode = async ] && peers="--peers transformers"
+    step "0.6B batch 1 + 256-request throughput, $mode"
+    timeout 200 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda $flag \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+      --max-len 1024 --kv-cache-memory 48GiB $peers --json "$OUT/b06_$mode.json" \
+      --markdown "$OUT/b06_$mode.md" 2>&1 | grep -E "\||Throughput|throughput" | tail -8
+    step "8B bf16 batch 1, $mode"
+    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $flag \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8_$mode.json" 2>&1 | grep -E "kipp bench|\|" | tail -3
+  done
+  ;;
 tp32)
   step "32B decode TP=2"
   timeout 400 python -m kipp_core.cli.main bench --random-weights qwen3-32b --backend cuda \

@@ -56,8 +56,8 @@ def main() -> None:
     runner._replay = timed(runner._replay, sections, "  graph replay incl. input copies")
     import kipp_cuda.runner as rmod
 
-    rmod.sample_rows = timed(rmod.sample_rows, sections, "sample_rows")
-    runner.execute = timed(runner.execute, sections, "runner.execute")
+    rmod.sample_tokens = timed(rmod.sample_tokens, sections, "sample_tokens")
+    runner.execute_async = timed(runner.execute_async, sections, "runner.execute_async")
     t = time.perf_counter()
     for _ in range(args.steps):
         eng.step()

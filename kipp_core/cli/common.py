@@ -61,6 +61,11 @@ def add_model_args(p: argparse.ArgumentParser, backend_default: str = "auto") ->
     g.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / mx.compile")
     g.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="wait for each step before scheduling the next (async is on where the backend has it)",
+    )
+    g.add_argument(
         "--tensor-parallel",
         "-tp",
         type=int,
@@ -102,6 +107,7 @@ def load_llm(args, **overrides):
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_cache,
         enforce_eager=args.enforce_eager,
+        async_scheduling=not args.no_async_scheduling,
         tensor_parallel=args.tensor_parallel,
         speculative=args.speculative,
         speculative_model=args.speculative_model,
