@@ -94,8 +94,10 @@ class LLMEngine:
         prompt: str | None = None,
         arrival_time: float | None = None,
         score_only: bool = False,
+        final_only: bool = False,
     ) -> None:
-        """Queue a request. ValueError for bad input, QueueFullError when the queue is full."""
+        """Queue a request. ValueError for bad input, QueueFullError when the queue is full.
+        `final_only` (vLLM's RequestOutputKind.FINAL_ONLY): step() reports it once, when done."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         ids = self.validate_prompt(prompt_token_ids, params)
@@ -121,6 +123,7 @@ class LLMEngine:
                     seq,
                     self.tokenizer.detokenizer(params.skip_special_tokens),
                     StopMatcher(params.stop_strings, params.include_stop_str_in_output),
+                    stop_ids=self.stop_ids(params),
                 )
             )
         added = []
@@ -133,7 +136,7 @@ class LLMEngine:
                 self.scheduler.finish(s, "abort")
             raise
         self.requests[request_id] = Request(
-            request_id, list(ids), params, states, metrics, prompt, score_only
+            request_id, list(ids), params, states, metrics, prompt, score_only, final_only
         )
 
     def validate_prompt(self, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -265,7 +268,7 @@ class LLMEngine:
                 seq.stream,
                 seq.prompt_token_ids,
                 seq.output_token_ids,
-                self.stop_ids(p),
+                req.states[seq.stream].stop_ids,
                 seq.num_pending,
             )
             inp.num_logprobs = p.logprobs
@@ -317,7 +320,7 @@ class LLMEngine:
 
     def _check_stop(self, st: SeqState, tok: int) -> str | None:
         seq, p = st.seq, st.seq.params
-        if tok in self.stop_ids(p) and len(seq.output_token_ids) > p.min_tokens:
+        if tok in st.stop_ids and len(seq.output_token_ids) > p.min_tokens:
             seq.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
             return "stop"
         emitted, stopped = st.stop.feed(st.detok.add(tok))
@@ -346,9 +349,9 @@ class LLMEngine:
     def _collect_outputs(self) -> list[RequestOutput]:
         results = []
         for rid, req in list(self.requests.items()):
-            changed = any(st.delta_ids or st.delta_text for st in req.states)
             done = all(st.seq.is_finished for st in req.states)
-            if not changed and not done:
+            if not done and (req.final_only or
+                             not any(st.delta_ids or st.delta_text for st in req.states)):
                 continue
             results.append(request_output(req, done))
             for st in req.states:

@@ -22,6 +22,7 @@ class SeqState:
     delta_text: str = ""
     delta_ids: list[int] = field(default_factory=list)
     delta_logprobs: list = field(default_factory=list)
+    stop_ids: tuple[int, ...] = ()  # the token ids that end it (stop_token_set)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Request:
     metrics: RequestMetrics
     prompt: str | None = None
     score_only: bool = False
+    final_only: bool = False  # report only when done (offline LLM.generate)
 
 
 def request_output(req: Request, done: bool) -> RequestOutput:

@@ -78,8 +78,9 @@ tp)
   for tp in 1 2; do
     step "8B decode TP=$tp"
     timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 --kv-cache-memory 16GiB \
-      --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 | grep -E "kipp|\|" | tail -4
+      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
+      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
+      | grep -E "kipp|\|" | tail -4
   done
   ;;
 final)

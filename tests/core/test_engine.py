@@ -261,3 +261,25 @@ def test_engine_metrics(make_llm):
     m = llm.engine.metrics()
     assert m["num_running"] == 0 and m["num_waiting"] == 0 and m["kv_blocks_used"] == 0
     assert m["requests_finished"]["length"] == 2 and m["generation_tokens"] == 24
+
+
+def test_final_only_requests_report_once_with_the_streamed_result(make_llm):
+    """vLLM's FINAL_ONLY output kind (what LLM.generate uses): one RequestOutput, at the end,
+    equal to the last cumulative output of the same request streamed step by step."""
+    llm = make_llm()
+    eng = llm.engine
+    p = prompts(1, seed=5)[0]
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=9, ignore_eos=True, logprobs=2)
+    eng.add_request("streamed", p, params)
+    eng.add_request("final", p, params, final_only=True)
+    seen = {"streamed": [], "final": []}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            seen[out.request_id].append(out)
+    assert len(seen["streamed"]) == 9 and len(seen["final"]) == 1
+    s, f = seen["streamed"][-1], seen["final"][0]
+    assert f.finished and f.outputs[0].token_ids == s.outputs[0].token_ids
+    assert f.outputs[0].text == s.outputs[0].text
+    assert f.outputs[0].finish_reason == s.outputs[0].finish_reason == "length"
+    # Its delta is the whole output: nothing was reported before.
+    assert f.outputs[0].token_ids_delta == f.outputs[0].token_ids
