@@ -111,17 +111,18 @@ class ModelRunner:
         """(hidden [T, hidden], None) for every new token of the batch, or (None, logits [B, V])
         from a decode graph, whose rows are the batch's tokens."""
         ids, positions, slots, bt, ctx, q_lens = self._prepare(batch)
+        pending = self._pending(batch, ids, q_lens)
         B, T = len(batch.seqs), len(ids)
         is_decode = bool((q_lens == 1).all())
         if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
             bs = next(b for b in self.graph_bs if b >= B)
-            return None, self._replay(("decode", bs), batch, ids, positions, slots, bt,
+            return None, self._replay(("decode", bs), pending, ids, positions, slots, bt,
                                       ctx)[:B]
         if B == 1 and not is_decode and self.prefill_tokens and T <= self.prefill_tokens[-1]:
             tb = next(t for t in self.prefill_tokens if t >= T)
             # Padded queries sit at positions up to start + tb - 1: inside the block table.
             if int(ctx[0]) - T + tb <= self.max_blocks * self.block_size:
-                return self._replay(("prefill", tb), batch, ids, positions, slots, bt,
+                return self._replay(("prefill", tb), pending, ids, positions, slots, bt,
                                     ctx)[:T], None
         cu = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(q_lens, out=cu[1:])
@@ -131,7 +132,7 @@ class ModelRunner:
             cu_seqlens_q=None if is_decode else self._tensor(cu), max_q_len=int(q_lens.max()),
             max_context_len=int(ctx.max()))
         ids_t = self._tensor(ids)
-        self._fill_pending(ids_t, batch)
+        self._fill_pending(ids_t, pending)
         return self.model(ids_t, self._tensor(positions), self.kv_caches, meta), None
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
@@ -148,6 +149,13 @@ class ModelRunner:
         off = 0
         for s in batch.seqs:
             n = len(s.token_ids)
+            if not (s.return_logits or s.score_targets or s.draft_token_ids):
+                # The common case (a decode, the end of a prefill): the last row, if sampling.
+                spans.append({n - 1: len(rows)} if s.sampler is not None else {})
+                if s.sampler is not None:
+                    rows.append(off + n - 1)
+                off += n
+                continue
             want = set()
             if s.return_logits:
                 want.update(range(n))
@@ -201,21 +209,26 @@ class ModelRunner:
     def _index(self, rows: list[int]) -> torch.Tensor:
         return upload(np.asarray(rows, dtype=np.int64), self.device)
 
-    def _fill_pending(self, ids: torch.Tensor, batch: ModelInput) -> None:
+    def _pending(self, batch: ModelInput, ids: np.ndarray, q_lens: np.ndarray):
+        """(rows of ids that are PENDING, rows of the last samples that fill them), or None."""
+        dst = np.flatnonzero(ids == PENDING)
+        if not len(dst):
+            return None
+        seq_of = np.searchsorted(np.cumsum(q_lens), dst, side="right")
+        src = []
+        for i in seq_of.tolist():
+            row = self._last_rows.get(batch.seqs[i].seq_id)
+            if row is None:
+                raise RuntimeError(f"seq {batch.seqs[i].seq_id} has a PENDING token but the "
+                                   f"last step sampled nothing for it")
+            src.append(row)
+        return dst.tolist(), src
+
+    def _fill_pending(self, ids: torch.Tensor, pending) -> None:
         """Write the previous step's samples, still on the device, over the PENDING ids."""
-        dst, src = [], []
-        off = 0
-        for s in batch.seqs:
-            for j, t in enumerate(s.token_ids):
-                if t == PENDING:
-                    if s.seq_id not in self._last_rows:
-                        raise RuntimeError(f"seq {s.seq_id} has a PENDING token but the last "
-                                           f"step sampled nothing for it")
-                    dst.append(off + j)
-                    src.append(self._last_rows[s.seq_id])
-            off += len(s.token_ids)
-        if not dst:
+        if pending is None:
             return
+        dst, src = pending
         k = len(dst)
         if dst == src == list(range(k)):  # the steady state: the same sequences, in order
             ids[:k].copy_(self._last_tokens[:k])
@@ -287,9 +300,9 @@ class ModelRunner:
             return self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
         return run
 
-    def _replay(self, key: tuple[str, int], batch: ModelInput, ids, positions, slots, bt, ctx):
-        """Stage the batch's rows (tokens of one prefill, or decode sequences), pad to the graph's
-        size and replay it; returns the graph's output buffer."""
+    def _replay(self, key: tuple[str, int], pending, ids, positions, slots, bt, ctx):
+        """Stage the batch's rows (tokens of one prefill, or decode sequences; `pending` as
+        _pending gives it), pad to the graph's size and replay it; returns its output buffer."""
         kind, size = key
         n = len(ids)
         if self.staged is not None:
@@ -310,6 +323,6 @@ class ModelRunner:
         self.g_bt[:b].copy_(self.h_bt[:b], non_blocking=True)
         if self.staged is not None:
             self.staged.record()
-        self._fill_pending(self.g_in[IDS], batch)
+        self._fill_pending(self.g_in[IDS], pending)
         self.graphs[key].replay()
         return self.graph_out[key]

@@ -20,6 +20,7 @@ from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import dense_gemv as dg
 from kipp_cuda.kernels import q8_0_matmul as qm
 
+QUICK = False  # --quick: attention at the default split count only
 SHAPES = {  # (N, K) of each decode linear
     "0.6B qkv": (4096, 1024), "0.6B o": (1024, 2048), "0.6B gate_up": (6144, 1024),
     "0.6B down": (1024, 3072), "0.6B lm_head": (151936, 1024),
@@ -122,30 +123,62 @@ def affine4(rows, shapes):
 
 
 def attn(rows):
-    for model, (hq, hkv) in {"0.6B": (16, 8), "8B": (32, 8)}.items():
-        for ctx in (2048, 8192):
-            page, D = 32, 128
-            nb = ctx // page
-            kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
-            vc = torch.randn_like(kc)
-            bt = torch.randperm(nb, device="cuda").to(torch.int32)[None]
-            lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
-            q = torch.randn(1, hq, D, dtype=torch.bfloat16, device="cuda")
-            nbytes = 2 * ctx * hkv * D * 2
-            results = []
-            for min_tiles, splits in itertools.product((1, 2, 4), (8, 16, 32, 64, 128)):
-                da.MIN_TILES_PER_SPLIT = min_tiles
-                a = (q, kc, vc, bt, lens, D**-0.5)
-                fn = lambda s=splits, a=a: da._paged_decode_attention_op(  # noqa: E731
-                    *a, max_context_len=40960, num_splits=s)
+    """Decode attention at batch 1 in a graph made for max_model_len 40960 (as the runner's), per
+    variant of the merge (fused into the attention kernel, or a merge kernel after it), of when V
+    is loaded (with K, or after the softmax) and of num_warps: the default split count, then the
+    best and worst of a grid of split lengths and counts."""
+    saved = {k: getattr(da, k) for k in ("MIN_TILES_PER_SPLIT", "EARLY_V_LOAD", "NUM_WARPS")}
+    try:
+        for model, (hq, hkv) in {"0.6B": (16, 8), "8B": (32, 8)}.items():
+            for ctx in (2048, 8192):
+                _attn_shape(rows, model, hq, hkv, ctx, saved["MIN_TILES_PER_SPLIT"])
+    finally:
+        for k, v in saved.items():
+            setattr(da, k, v)
+
+
+def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles: int) -> None:
+    page, D = 32, 128
+    nb = ctx // page
+    kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(nb, device="cuda").to(torch.int32)[None]
+    lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, hq, D, dtype=torch.bfloat16, device="cuda")
+    a = (q, kc, vc, bt, lens, D**-0.5)
+    ref = da.paged_decode_attention_ref(*a).float()
+    nbytes = 2 * ctx * hkv * D * 2
+    grid = [(default_min_tiles, None)]  # the default: num_splits_for's count
+    if not QUICK:
+        grid += itertools.product((1, 2, 4), (8, 16, 32, 64, 128))
+    for fused, early_v, warps in itertools.product((False, True), (True, False), (4, 8)):
+        merge = "fused" if fused else "unfused"
+        da.EARLY_V_LOAD, da.NUM_WARPS = early_v, warps
+        results = []
+        for min_tiles, splits in grid:
+            da.MIN_TILES_PER_SPLIT = min_tiles
+            cfg = {"merge": merge, "early_v": early_v, "num_warps": warps,
+                   "MIN_TILES": min_tiles, "splits": splits}
+            fn = lambda s=splits, f=fused: da._paged_decode_attention_op(  # noqa: E731
+                *a, max_context_len=40960, num_splits=s, fused_merge=f)
+            try:
+                err = ((fn().float() - ref).norm() / ref.norm()).item()
+                if not err < 2e-2:
+                    raise AssertionError(f"wrong result, rel err {err:.2e}")
                 us = graph_us(fn)
-                results.append({"cfg": {"MIN_TILES": min_tiles, "splits": splits}, "us": us,
-                                "gbs": nbytes / us / 1e3})
-            da.MIN_TILES_PER_SPLIT = 4
-            ok = sorted(results, key=lambda r: r["us"])
-            print(f"attn     {model} ctx {ctx:5}   best {ok[0]['us']:7.2f} us "
-                  f"{ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; worst {ok[-1]['us']:.2f}")
-            rows.append({"family": "attn", "shape": f"{model} ctx {ctx}", "results": results})
+            except Exception as e:  # noqa: BLE001 - a failing config is reported, not fatal
+                results.append({"cfg": cfg, "error": str(e)[:120]})
+                continue
+            results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
+        d = results[0]
+        ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"]) or [
+            {"us": math.nan, "gbs": 0, "cfg": None}]
+        print(f"attn     {model} ctx {ctx:5} {merge:7} early_v={int(early_v)} warps={warps} "
+              f"default {d.get('us', math.nan):7.2f} us {d.get('gbs', 0):6.0f} GB/s; "
+              f"best {ok[0]['us']:7.2f} us {ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; "
+              f"worst {ok[-1]['us']:.2f}" + (f"; error {d['error']}" if "error" in d else ""))
+        rows.append({"family": "attn", "shape": f"{model} ctx {ctx} {merge} early_v={early_v} "
+                     f"warps={warps}", "bytes": nbytes, "results": results})
 
 
 def small(rows):
@@ -197,7 +230,12 @@ def main() -> None:
     p.add_argument("--only", default="small,attn,dense,q8_0,affine4")
     p.add_argument("--shapes", default="")
     p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true", help="attn: only the default split count")
     args = p.parse_args()
+    global QUICK
+    QUICK = args.quick
+    torch.manual_seed(0)
+    triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
     shapes = {k: v for k, v in SHAPES.items() if not args.shapes or args.shapes in k}
     rows: list = []
     only = args.only.split(",")
@@ -212,6 +250,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    torch.manual_seed(0)
-    triton.runtime.driver.active.get_current_device()
     main()

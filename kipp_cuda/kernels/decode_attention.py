@@ -2,10 +2,17 @@
 
 A program handles one (sequence, kv head, split): the Hq / Hkv query heads of that kv head ride
 together as the rows of a tl.dot (padded to 16), so each K/V tile is read once. Long contexts are
-split along the sequence (flash-decoding); a second kernel merges the splits' (lse, out) partials.
-The split count comes from host ints only (batch, heads, `max_context_len`), so a call is CUDA-graph
-safe; each sequence cuts its own context into that many runs of whole tiles on the device, and
-programs whose run lies past their sequence exit at once.
+split along the sequence (flash-decoding) and the splits' (lse, out) partials merged
+(split_merge.py). The split count comes from host ints only (batch, heads, `max_context_len`), so a
+call is CUDA-graph safe; each sequence cuts its own context into that many runs of whole tiles on
+the device, and programs whose run lies past their sequence do no attention.
+
+With FUSED_MERGE (the default) there is no second kernel: every split program, empty ones too,
+stores its partial and then counts itself in on an int32 per (sequence, kv head) with an acq_rel
+atomic; the one that finds all the others already counted merges the partials of its query heads
+in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay.
+Otherwise a merge_splits kernel follows. EARLY_V_LOAD issues each tile's V load with its K load,
+before the QK dot and softmax, so that both are in flight together.
 """
 
 from __future__ import annotations
@@ -19,12 +26,17 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.kv_write import check_cache, dot_dtype, gather_kv_ref, load_kv_tile
+from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
 MIN_TILES_PER_SPLIT = 2  # a split reads at least 128 positions (H200 sweep: 2k and 8k contexts)
 MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
 # splits still cost a launch slot and a merge read, so more is slower (scripts/kernel_sweep.py)
+FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/kernel_sweep.py
+EARLY_V_LOAD = True  # load a tile's V together with its K, before the softmax math
+MERGE_CHUNK = 4096  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads
+NUM_WARPS = 4  # sm_90 builds at 4 warps use 255 registers and spill; at 8 they do not (sweep both)
 LOG2E = 1.4426950408889634
 
 
@@ -34,7 +46,7 @@ def _decode_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
                  stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                  IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, EARLY_V: tl.constexpr):
     # One online-softmax step over KV positions [n0, min(n0 + BLOCK_N, end)); fp32 statistics.
     pos = n0 + tl.arange(0, BLOCK_N)
     valid = pos < end
@@ -46,6 +58,9 @@ def _decode_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
     sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
     k = load_kv_tile(k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
                      MASKED, DOT_DTYPE)
+    if EARLY_V:  # V's (and its q8_0 scales') loads issued before the QK dot and softmax
+        v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                         MASKED, DOT_DTYPE)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
     if MASKED:
         qk = tl.where(valid[None, :], qk, float("-inf"))
@@ -53,16 +68,48 @@ def _decode_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
     p = tl.math.exp2(qk - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                     MASKED, DOT_DTYPE)
+    if not EARLY_V:
+        v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                         MASKED, DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
+def _attend_run(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads,
+                g_mask, start, end, qk_scale, stride_qb, stride_qh,
+                stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+                BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                PRECISION: tl.constexpr, EARLY_V: tl.constexpr):
+    # (acc, m, l) of the query heads `heads` over KV positions [start, end): fp32, log2 domain.
+    rd = tl.arange(0, HEAD_DIM)
+    # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
+                mask=g_mask[:, None], other=0)
+    q = q.to(DOT_DTYPE)
+    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 domain
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)  # fp32 accumulation
+    # Whole tiles unmasked, then the sequence's ragged last tile, if any, masked.
+    full_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0,
+            end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+            HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE, PRECISION, EARLY_V)
+    if full_end < end:
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+            full_end, end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE, PRECISION, EARLY_V)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _paged_decode_attention_kernel(
-    out_ptr, mid_o_ptr, mid_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-    block_tables_ptr, context_lens_ptr,
+    out_ptr, mid_o_ptr, mid_lse_ptr, counters_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+    v_scale_ptr, block_tables_ptr, context_lens_ptr,
     qk_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -70,7 +117,9 @@ def _paged_decode_attention_kernel(
     stride_bt,
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, EARLY_V: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, MERGE_H: tl.constexpr, BLOCK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -80,93 +129,49 @@ def _paged_decode_attention_kernel(
     g_mask = rg < G
     heads = h * G + rg
     ctx = tl.load(context_lens_ptr + b)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     if ONE_SPLIT:
-        start = 0
-        end = ctx
+        acc, m_i, l_i = _attend_run(
+            q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads, g_mask,
+            0, ctx, qk_scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_sb,
+            stride_ss, stride_sh, BLOCK_G, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, DOT_DTYPE,
+            PRECISION, EARLY_V)
+        # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
         # Each sequence cuts its own context into runs of whole tiles (at least MIN_TILES), so a
         # graph captured for long contexts still spreads a short one over several programs.
         split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), MIN_TILES) * BLOCK_N
         start = split * split_len
-        end = tl.minimum(start + split_len, ctx)
-        if start >= ctx:  # past the sequence: an empty partial, weight 0 in the merge
-            tl.store(mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
-                     tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=g_mask)
-            return
-
-    # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
-                mask=g_mask[:, None], other=0)
-    q = q.to(DOT_DTYPE)
-
-    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 domain
-    l_i = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)  # fp32 accumulation
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    # Whole tiles unmasked, then the sequence's ragged last tile, if any, masked.
-    full_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for n0 in range(start, full_end, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(
-            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0,
-            end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-            HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE, PRECISION)
-    if full_end < end:
-        acc, m_i, l_i = _decode_tile(
-            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
-            full_end, end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
-            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE, PRECISION)
-
-    # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    if ONE_SPLIT:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
-    else:
-        tl.store(mid_o_ptr + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms
-                 + rd[None, :], o, mask=g_mask[:, None])
-        tl.store(mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
-                 m_i + tl.math.log2(l_i), mask=g_mask)
-
-
-@triton.jit
-def merge_splits_kernel(
-    out_ptr, mid_o_ptr, mid_lse_ptr,
-    num_splits,
-    stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-):
-    # One (token, head): out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse).
-    # An empty split has lse -inf (weight 0) and its out is not read.
-    t = tl.program_id(0)
-    head = tl.program_id(1)
-    lse_row = mid_lse_ptr + t * stride_lt + head * stride_lh
-    rs = tl.arange(0, BLOCK_S)
-    lse = tl.load(lse_row + rs, mask=rs < num_splits, other=float("-inf"))
-    lse_max = tl.max(lse, axis=0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all empty: out is 0
-    den = tl.sum(tl.math.exp2(lse - lse_max), axis=0)
-    rd = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros((HEAD_DIM,), tl.float32)
-    for s0 in range(0, num_splits, CHUNK_S):
-        rc = s0 + tl.arange(0, CHUNK_S)
-        w = tl.math.exp2(tl.load(lse_row + rc, mask=rc < num_splits, other=float("-inf"))
-                         - lse_max)
-        o = tl.load(mid_o_ptr + t * stride_mt + head * stride_mh + rc[:, None] * stride_ms
-                    + rd[None, :], mask=(w > 0)[:, None], other=0.0)
-        acc += tl.sum(o * w[:, None], axis=0)
-    o = acc / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + t * stride_ot + head * stride_oh + rd, o.to(out_ptr.dtype.element_ty))
-
-
-def merge_splits(out, mid_o, mid_lse) -> None:
-    """out [T, H, D] from split partials mid_o [T, H, S, D], mid_lse [T, H, S] (fp32, log2)."""
-    T, H, S, D = mid_o.shape
-    merge_splits_kernel[(T, H)](
-        out, mid_o, mid_lse, S,
-        out.stride(0), out.stride(1), *mid_o.stride()[:3], *mid_lse.stride()[:2],
-        HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(S), CHUNK_S=min(16, triton.next_power_of_2(S)),
-        num_warps=4,
-    )
+        lse_ptrs = mid_lse_ptr + b * stride_lb + heads * stride_lh + split
+        if start < ctx:
+            acc, m_i, l_i = _attend_run(
+                q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads,
+                g_mask, start, tl.minimum(start + split_len, ctx), qk_scale, stride_qb,
+                stride_qh, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+                BLOCK_G, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, DOT_DTYPE, PRECISION, EARLY_V)
+            tl.store(mid_o_ptr + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms
+                     + rd[None, :], acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
+                     mask=g_mask[:, None])
+            tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=g_mask)
+        else:  # past the sequence: an empty partial, weight 0 in the merge
+            tl.store(lse_ptrs, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=g_mask)
+        if FUSED_MERGE:
+            # As matmul_tiles.store_tile: every thread's partial is stored before the barrier,
+            # the one atomic releases them all and acquires everyone else's; its old value,
+            # shared with the whole program, says whether this program arrived last.
+            tl.debug_barrier()
+            counter = counters_ptr + b * tl.num_programs(1) + h
+            if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+                rh = tl.arange(0, MERGE_H)
+                # Splits from cdiv(ctx, split_len) on are empty: the merge does not visit them.
+                merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, b, h * G + rh, rh < G,
+                                 num_splits, tl.minimum(tl.cdiv(ctx, split_len), num_splits),
+                                 stride_ob, stride_oh, stride_mb, stride_mh, stride_ms,
+                                 stride_lb, stride_lh, MERGE_H, HEAD_DIM, BLOCK_S, CHUNK_S)
+                tl.atomic_xchg(counter, 0)  # re-armed for the next call (or graph replay)
 
 
 @functools.lru_cache(maxsize=16)
@@ -207,14 +212,18 @@ def check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, 
 
 def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, scale: float,
                                k_scale=None, v_scale=None, max_context_len: int | None = None,
-                               num_splits: int | None = None) -> torch.Tensor:
+                               num_splits: int | None = None,
+                               fused_merge: bool | None = None) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context.
 
     q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D] (int8 with fp16 k_scale,
     v_scale [..., D // 32] for a q8_0 cache); block_tables [B, max_blocks] int32; context_lens [B]
     int32, counting the new token, whose K/V kv_write has already stored (0: a padded slot, whose
     output is 0). `max_context_len` (a host int, >= every context, fixed per CUDA graph) sets the
-    split count; None reads context_lens.max(), a host sync. Returns [B, Hq, D] in q's dtype.
+    split count; None reads context_lens.max(), a host sync. `fused_merge` (None: FUSED_MERGE)
+    merges the splits in the attention kernel rather than in a second one; its counters are
+    allocated by the first call of a given B * Hkv, so make one before CUDA-graph capture.
+    Returns [B, Hq, D] in q's dtype.
     """
     B, num_q_heads, head_dim = q.shape
     is_q8 = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables,
@@ -229,16 +238,21 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
     if num_splits is None:
         num_splits = num_splits_for(B, num_kv_heads, max_context_len, q.device)
     one_split = num_splits == 1
+    fused = not one_split and (FUSED_MERGE if fused_merge is None else fused_merge)
     if one_split:
         mid_o = mid_lse = out  # unused
     else:
         mid_o = torch.empty(B, num_q_heads, num_splits, head_dim, dtype=torch.float32,
                             device=q.device)
         mid_lse = torch.empty(B, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    counters = split_counters(q.device, B * num_kv_heads) if fused else out  # out: unused
+    # The fused merge's blocks (1 when unused, so that they make no extra compilations).
+    merge_h = triton.next_power_of_2(G) if fused else 1
+    block_s = triton.next_power_of_2(num_splits) if fused else 1
     dt = dot_dtype(q.dtype)
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
     _paged_decode_attention_kernel[(B, num_kv_heads, num_splits)](
-        out, mid_o, mid_lse, q, k_cache, v_cache, k_scale, v_scale,
+        out, mid_o, mid_lse, counters, q, k_cache, v_cache, k_scale, v_scale,
         block_tables, context_lens,
         scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -247,17 +261,20 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
         block_tables.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
         PAGE_SIZE=page_size, IS_Q8=is_q8, ONE_SPLIT=one_split, MIN_TILES=MIN_TILES_PER_SPLIT,
-        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", EARLY_V=EARLY_V_LOAD,
+        FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
+        CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
+        num_warps=NUM_WARPS, num_stages=2,
     )
-    if not one_split:
+    if not one_split and not fused:
         merge_splits(out, mid_o, mid_lse)
     return out
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float,
                                k_scale=None, v_scale=None, max_context_len: int | None = None,
-                               num_splits: int | None = None) -> torch.Tensor:
+                               num_splits: int | None = None,
+                               fused_merge: bool | None = None) -> torch.Tensor:
     B, num_q_heads, head_dim = q.shape
     check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
     G = num_q_heads // k_cache.shape[2]

@@ -11,6 +11,7 @@ import torch
 from kipp_cuda.kernels import decode_attention as dec
 from kipp_cuda.kernels import kv_write as kvw
 from kipp_cuda.kernels import prefill_attention as pre
+from kipp_cuda.kernels import split_merge as sm
 from tests.cuda.kernel_testing import HAS_CUDA, poisoned_empty
 from tests.cuda.test_attention_kernels import assert_close
 
@@ -54,30 +55,60 @@ def test_gpu_decode_qwen3_shapes(case, hq):
     for q8 in (False, True):
         kc, vc, ks, vs, bt, lens = _gpu_paged(ctx, 8, q8=q8, seed=hq)
         q = torch.randn(len(ctx), hq, 128, device="cuda", dtype=torch.bfloat16)
-        with poisoned_empty():
-            out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 128**-0.5, ks, vs,
-                                                 max_context_len=max(ctx))
         ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 128**-0.5, ks, vs)
-        assert_close(out, ref, torch.bfloat16)
+        for fused in (True, False):
+            with poisoned_empty():
+                out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 128**-0.5, ks, vs,
+                                                     max_context_len=max(ctx), fused_merge=fused)
+            assert_close(out, ref, torch.bfloat16)
 
 
 @gpu
-def test_gpu_decode_cuda_graph_replay():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_gpu_decode_cuda_graph_replay(fused):
     # One graph per (batch, max_context_len); replays see new lengths, tables and queries.
     B, max_ctx = 8, 4096
     kc, vc, _, _, bt, lens = _gpu_paged([max_ctx] * B, 8, seed=1)
     q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
-    out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, max_context_len=max_ctx)
+    kw = dict(max_context_len=max_ctx, fused_merge=fused)
+    out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, **kw)  # warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, max_context_len=max_ctx)
-    for new_lens in ([4096, 1, 0, 33, 2048, 31, 4000, 64], [5] * B):
+        out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, **kw)
+    for new_lens in ([4096, 1, 0, 33, 2048, 31, 4000, 64], [5] * B, [0] * B):
         lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         bt.copy_(bt.flip(0))
         q.normal_()
         graph.replay()
         ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 0.088)
         assert_close(out, ref, torch.bfloat16)
+        assert all(not c.any() for c in sm._COUNTERS.get(q.device, []))  # all re-armed
+
+
+@gpu
+@pytest.mark.parametrize("ctx", [[2048], [2048, 1, 0, 40960, 777]], ids=["b1-2k", "ragged"])
+def test_gpu_decode_fused_merge_deterministic(ctx):
+    # Qwen3-0.6B heads in a graph made for max_model_len 40960: at 2k, 16 of 33 splits hold
+    # context. 50 graph replays of the fused merge give the same bits each time, whichever split
+    # program arrives last, and agree with the separate merge kernel.
+    kc, vc, _, _, bt, lens = _gpu_paged(ctx, 8, seed=7)
+    q = torch.randn(len(ctx), 16, 128, device="cuda", dtype=torch.bfloat16)
+    kw = dict(max_context_len=40960)
+    unfused = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, fused_merge=False, **kw)
+    out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, fused_merge=True, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, fused_merge=True, **kw)
+    outs = []
+    for _ in range(50):
+        out.fill_(float("nan"))
+        graph.replay()
+        outs.append(out.clone())
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert_close(outs[0], dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 0.088),
+                 torch.bfloat16)
+    torch.testing.assert_close(outs[0], unfused, atol=1e-2, rtol=1e-2)
+    assert all(not c.any() for c in sm._COUNTERS.get(q.device, []))
 
 
 @gpu
