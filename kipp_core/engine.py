@@ -82,7 +82,7 @@ class LLMEngine:
         self.stats = EngineCounters()
         self._async = (self.config.async_scheduling and self.spec is None
                        and hasattr(backend, "execute_async"))
-        self._inflight = None  # (scheduled, PendingOutputs, launch time) of the queued step
+        self._inflight = None  # (scheduled, batch, PendingOutputs, launch time) of the queued step
 
     # -- requests -------------------------------------------------------------------------------
 

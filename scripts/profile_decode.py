@@ -41,9 +41,12 @@ def main() -> None:
               max_num_seqs=max(8, args.batch))
     eng, runner = llm.engine, llm.backend.runner
     sp = SamplingParams(temperature=0, max_tokens=10 * args.steps, ignore_eos=True)
-    prompt = list(range(1000, 1000 + args.context))
+    # A different prompt a sequence: shared prefix-cache blocks would be read from L2 and flatter
+    # the attention kernel at large batch (the batch-256 profile of 2026-11-30c had that).
+    prompts = [[1000 + (j * 7 + i * 13) % 100000 for j in range(args.context)]
+               for i in range(args.batch)]
     for i in range(args.batch):
-        eng.add_request(f"r{i}", prompt, sp)
+        eng.add_request(f"r{i}", prompts[i], sp)
     while any(len(st.seq.output_token_ids) < 2 for r in eng.requests.values() for st in r.states):
         eng.step()
     t = time.perf_counter()
