@@ -202,12 +202,13 @@ def sample_tokens(logits: torch.Tensor, states: Sequence[SamplerState],
         tokens = x.argmax(dim=-1)
     else:
         rand = [i for i, g in enumerate(greedy) if not g]
-        rand_t = upload(np.array(rand, dtype=np.int64), dev)
-        sub = x if len(rand) == B else x[rand_t]
+        # Row indices only for a mixed batch (an all-random one needs no upload).
+        rand_t = None if len(rand) == B else upload(np.array(rand, dtype=np.int64), dev)
+        sub = x if rand_t is None else x[rand_t]
         f = filtered_logits(sub, [states[i].params for i in rand])
         g = gumbel_noise_rows([states[i] for i in rand], V, dev)
         picked = (f + g).argmax(dim=-1)
-        if len(rand) == B:
+        if rand_t is None:
             tokens = picked
         else:
             tokens = x.argmax(dim=-1)
