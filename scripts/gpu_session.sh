@@ -6,6 +6,7 @@
 #   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
 #   diag    kernel launch-config sweep, prefill host profile
 #   tp      tensor parallel gates and benchmarks (needs 2 GPUs)
+#   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -165,6 +166,42 @@ decode)
     timeout 100 python scripts/profile_decode.py --shape qwen3-0.6b --batch 256 --context 1024 \
       --steps 16 2>&1 | grep -v "^\s*$" | tail -34 > "$OUT/profile_b256.log"; head -8 "$OUT/profile_b256.log"
   done
+  ;;
+pdl)
+  # Programmatic dependent launch: correctness on the GPU, then A/B against plain launches.
+  step "GPU tests: PDL on = off bit for bit, graph paths, decode attention"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_backend.py \
+    tests/cuda/test_attention_kernels_gpu.py -k "pdl or graph_paths or decode" 2>&1 \
+    | tee "$OUT/tests_pdl.log" | grep -E "passed|failed|Error" | tail -4
+  for pdl in 1 0; do
+    step "0.6B batch 1, KIPP_CUDA_PDL=$pdl"
+    KIPP_CUDA_PDL=$pdl timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b \
+      --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 256 --kv-cache-memory 16GiB \
+      --json "$OUT/b06_pdl$pdl.json" 2>&1 | grep -E "\| kipp" | tail -1
+    step "8B bf16 batch 1, KIPP_CUDA_PDL=$pdl"
+    KIPP_CUDA_PDL=$pdl timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b \
+      --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8_pdl$pdl.json" 2>&1 | grep -E "\| kipp" | tail -1
+  done
+  ;;
+quant)
+  for q in q8_0 affine4; do
+    step "8B $q, batch 1"
+    timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+      --quant $q --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8_$q.json" 2>&1 | grep -E "\| kipp" | tail -1
+  done
+  ;;
+throughput)
+  step "0.6B 256-request throughput and prefix cache"
+  timeout 200 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 64 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
+    --json "$OUT/b06_tp.json" 2>&1 | grep -E "hroughput|refix" | tail -2
+  step "profile 0.6B decode at batch 256, one prompt a sequence"
+  timeout 120 python scripts/profile_decode.py --shape qwen3-0.6b --batch 256 --context 1024 \
+    --steps 16 2>&1 | grep -v "^\s*$" > "$OUT/profile_b256.log"
+  grep -E "graph replay|_paged_decode|Self CUDA time" "$OUT/profile_b256.log" | cut -c1-60,140-200
   ;;
 tp32)
   step "32B decode TP=2"

@@ -25,6 +25,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     store_tile,
     tile_ids,
 )
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.q8_0_matmul import _MAGIC, GEMV_MAX_T, gemv_rows, matmul_config, rotate
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -91,17 +92,21 @@ def field_scale(e, BITS: tl.constexpr):
 
 
 @triton.jit
-def _affine_gemv_tile(w_rows, s_rows, b_rows, x_ptr, g0, g_end, n_mask, rg, w_off, x_off,
-                      WPG: tl.constexpr, GROUP: tl.constexpr):
-    # Words [BLOCK_N, BLOCK_G, WPG], scales and biases [BLOCK_N, BLOCK_G], x [BLOCK_G, GROUP] at
-    # group g0; groups at or past g_end (and rows past N) read nothing.
-    g_mask = g0 + rg < g_end
-    m2 = n_mask[:, None] & g_mask[None, :]
+def _affine_gemv_weights(w_rows, s_rows, b_rows, g0, g_end, n_mask, rg, w_off,
+                         WPG: tl.constexpr):
+    # Words [BLOCK_N, BLOCK_G, WPG], scales and biases [BLOCK_N, BLOCK_G] at group g0; groups at
+    # or past g_end (and rows past N) read nothing.
+    m2 = n_mask[:, None] & (g0 + rg < g_end)[None, :]
     words = tl.load(w_rows + g0 * WPG + w_off[None, :, :], mask=m2[:, :, None], other=0)
     s = tl.load(s_rows + g0 + rg[None, :], mask=m2, other=0)
     b = tl.load(b_rows + g0 + rg[None, :], mask=m2, other=0)
-    x = tl.load(x_ptr + g0 * GROUP + x_off, mask=g_mask[:, None], other=0)
-    return words, s, b, x
+    return words, s, b
+
+
+@triton.jit
+def _affine_gemv_x(x_ptr, g0, g_end, rg, x_off, GROUP: tl.constexpr):
+    # x [BLOCK_G, GROUP] at group g0.
+    return tl.load(x_ptr + g0 * GROUP + x_off, mask=(g0 + rg < g_end)[:, None], other=0)
 
 
 @triton.jit
@@ -110,9 +115,10 @@ def _affine_gemv_kernel(
     N, num_groups, groups_per_split,
     stride_wn, stride_sn, stride_bn,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, WPG] words.
+    pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -129,12 +135,15 @@ def _affine_gemv_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    words, s, b, x = _affine_gemv_tile(w_rows, s_rows, b_rows, x_ptr, g_start, g_end, n_mask, rg,
-                                       w_off, x_off, WPG, GROUP)
+    words, s, b = _affine_gemv_weights(w_rows, s_rows, b_rows, g_start, g_end, n_mask, rg, w_off,
+                                       WPG)
+    pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
+    x = _affine_gemv_x(x_ptr, g_start, g_end, rg, x_off, GROUP)
     for g0 in range(g_start, g_end, BLOCK_G):
         # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nw, ns, nb, nx = _affine_gemv_tile(w_rows, s_rows, b_rows, x_ptr, g0 + BLOCK_G, g_end,
-                                           n_mask, rg, w_off, x_off, WPG, GROUP)
+        nw, ns, nb = _affine_gemv_weights(w_rows, s_rows, b_rows, g0 + BLOCK_G, g_end, n_mask,
+                                          rg, w_off, WPG)
+        nx = _affine_gemv_x(x_ptr, g0 + BLOCK_G, g_end, rg, x_off, GROUP)
         q = unpack_words(words, BITS, BLOCK_N, BLOCK_G, WPG, True)
         xf = x.to(tl.float32)
         # sum over a group of x * (s q + b) = s * sum(x q) + b * sum(x); q comes scaled by powers
@@ -255,13 +264,14 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
     num_groups = K // group_size
     cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
+    pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](
         x, wq, scales, biases, out, part, locks,
         N, num_groups, per_split,
         wq.stride(0), scales.stride(0), biases.stride(0),
         BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
-        SPLIT_K=cfg["SPLIT_K"],
-        num_warps=cfg["num_warps"],
+        SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
+        num_warps=cfg["num_warps"], **pdl,
     )
     return out
 

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.kv_write import check_cache, dot_dtype, gather_kv_ref, load_kv_tile
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
@@ -119,8 +120,10 @@ def _paged_decode_attention_kernel(
     PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TILES: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, EARLY_V: tl.constexpr,
     FUSED_MERGE: tl.constexpr, MERGE_H: tl.constexpr, BLOCK_S: tl.constexpr,
-    CHUNK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_trigger(PDL)
+    pdl_wait(PDL)  # q and this step's K/V come from the kernel before
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -251,6 +254,7 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
     block_s = triton.next_power_of_2(num_splits) if fused else 1
     dt = dot_dtype(q.dtype)
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
+    pdl = launch_kwargs(q.device)
     _paged_decode_attention_kernel[(B, num_kv_heads, num_splits)](
         out, mid_o, mid_lse, counters, q, k_cache, v_cache, k_scale, v_scale,
         block_tables, context_lens,
@@ -264,7 +268,7 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
         DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", EARLY_V=EARLY_V_LOAD,
         FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
-        num_warps=NUM_WARPS, num_stages=2,
+        num_warps=NUM_WARPS, num_stages=2, PDL=bool(pdl), **pdl,
     )
     if not one_split and not fused:
         merge_splits(out, mid_o, mid_lse)

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_tile
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
 
@@ -36,8 +37,10 @@ def _dense_gemv_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr,
     N, K, k_per_split, stride_wn,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, ACT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
+    pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,6 +51,7 @@ def _dense_gemv_kernel(
     rk = k_start + tl.arange(0, BLOCK_K)
     w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & (rk < k_end)[None, :], other=0.0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for k0 in range(k_start, k_end, BLOCK_K):
         # Issue the next step's weight loads before this step's math: two steps in flight.
         nk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
@@ -94,10 +98,11 @@ def _dense_gemv_op(x: torch.Tensor, w: torch.Tensor, act: bool = False,
         return out
     cfg = config or gemv_config(N, K, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, K, cfg, "BLOCK_K")
+    pdl = launch_kwargs(x.device)
     _dense_gemv_kernel[grid](
         x, w, out, part, locks, N, K, per_split, w.stride(0),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg["SPLIT_K"], ACT=act,
-        num_warps=cfg["num_warps"], num_stages=1)
+        PDL=bool(pdl), num_warps=cfg["num_warps"], num_stages=1, **pdl)
     return out
 
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 QK8_0 = 32
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -77,9 +78,11 @@ def _kv_write_kernel(
     stride_cb, stride_cs, stride_ch,
     stride_sb, stride_ss, stride_sh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-    IS_Q8: tl.constexpr,
+    IS_Q8: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per new token, all kv heads at once.
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + t)
     if slot < 0:
@@ -160,6 +163,7 @@ def _kv_write_op(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=Non
     if T == 0:
         return None
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
+    pdl = launch_kwargs(k.device)
     _kv_write_kernel[(T,)](
         k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping,
         num_kv_heads,
@@ -170,6 +174,7 @@ def _kv_write_op(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=Non
         BLOCK_H=triton.next_power_of_2(num_kv_heads), IS_Q8=is_q8,
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 2,
         enable_fp_fusion=False,  # no fma(x, 1/d, 0.5): round x / d exactly as numpy does
+        PDL=bool(pdl), **pdl,
     )
     return None
 

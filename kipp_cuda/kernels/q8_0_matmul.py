@@ -33,6 +33,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     store_tile,
     tile_ids,
 )
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
 QK8_0 = 32
@@ -53,15 +54,20 @@ def int8_to_float(b):
 
 
 @triton.jit
-def _q8_0_gemv_tile(qs_rows, d_rows, x_ptr, g0, g_end, n_mask, rg, ge):
-    # [BLOCK_N, BLOCK_G, 32] int8, their scales [BLOCK_N, BLOCK_G] and x [BLOCK_G, 32] at group
-    # g0; groups at or past g_end (and rows past N) read nothing.
+def _q8_0_gemv_weights(qs_rows, d_rows, g0, g_end, n_mask, rg, ge):
+    # [BLOCK_N, BLOCK_G, 32] int8 and their scales [BLOCK_N, BLOCK_G] at group g0; groups at or
+    # past g_end (and rows past N) read nothing.
     g_mask = g0 + rg < g_end
     b = tl.load(qs_rows + g0 * 32 + ge[None, :, :],
                 mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
     d = tl.load(d_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
-    x = tl.load(x_ptr + g0 * 32 + ge, mask=g_mask[:, None], other=0)
-    return b, d, x
+    return b, d
+
+
+@triton.jit
+def _q8_0_gemv_x(x_ptr, g0, g_end, rg, ge):
+    # x [BLOCK_G, 32] at group g0.
+    return tl.load(x_ptr + g0 * 32 + ge, mask=(g0 + rg < g_end)[:, None], other=0)
 
 
 @triton.jit
@@ -69,9 +75,10 @@ def _q8_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
     N, num_groups, groups_per_split,
     stride_qn, stride_dn,
-    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, 32] int8.
+    pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,10 +92,13 @@ def _q8_0_gemv_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    b, d, x = _q8_0_gemv_tile(qs_rows, d_rows, x_ptr, g_start, g_end, n_mask, rg, ge)
+    b, d = _q8_0_gemv_weights(qs_rows, d_rows, g_start, g_end, n_mask, rg, ge)
+    pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
+    x = _q8_0_gemv_x(x_ptr, g_start, g_end, rg, ge)
     for g0 in range(g_start, g_end, BLOCK_G):
         # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nb, nd, nx = _q8_0_gemv_tile(qs_rows, d_rows, x_ptr, g0 + BLOCK_G, g_end, n_mask, rg, ge)
+        nb, nd = _q8_0_gemv_weights(qs_rows, d_rows, g0 + BLOCK_G, g_end, n_mask, rg, ge)
+        nx = _q8_0_gemv_x(x_ptr, g0 + BLOCK_G, g_end, rg, ge)
         q = int8_to_float(b)
         acc += tl.sum(q * x.to(tl.float32)[None, :, :], axis=2) * d.to(tl.float32)
         b, d, x = nb, nd, nx
@@ -226,12 +236,13 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
     num_groups = K // QK8_0
     cfg = config or gemv_config(N, num_groups, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
+    pdl = launch_kwargs(x.device)
     _q8_0_gemv_kernel[grid](
         x, qs, d, out, part, locks,
         N, num_groups, per_split,
         qs.stride(0), d.stride(0),
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"],
-        num_warps=cfg["num_warps"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
+        num_warps=cfg["num_warps"], **pdl,
     )
     return out
 

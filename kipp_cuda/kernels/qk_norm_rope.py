@@ -17,6 +17,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.kv_write import check_cache, kv_write_ref
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 
 @triton.jit
@@ -26,12 +27,14 @@ def _qk_norm_rope_kernel(
     num_heads, num_kv_heads, eps,
     stride_qkv, stride_cs, stride_cb, stride_cs_, stride_ch,
     HEAD_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, WRITE_KV: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program (token, block of BLOCK_HEADS heads among the Hq + Hkv q and k heads, and with
     # WRITE_KV the Hkv v heads after them). Each head is handled as its two halves, so
     # rotate_half needs no data movement. WRITE_KV stores k and v straight into the paged cache
     # at slot_ptr[t] (negative: not stored) instead of writing k out.
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = HEAD_DIM // 2
     heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
@@ -136,6 +139,7 @@ def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int
     if T == 0:
         return q, k
     block_heads = min(8, triton.next_power_of_2(num_heads + num_kv_heads))
+    pdl = launch_kwargs(qkv.device)
     grid = (T, triton.cdiv(num_heads + num_kv_heads, block_heads))
     _qk_norm_rope_kernel[grid](
         qkv, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, q, k,
@@ -143,6 +147,7 @@ def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int
         num_heads, num_kv_heads, float(eps),
         qkv.stride(0), cos_sin.stride(0), 0, 0, 0,
         HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, WRITE_KV=False, PAGE_SIZE=1, num_warps=4,
+        PDL=bool(pdl), **pdl,
     )
     return q, k
 
@@ -194,13 +199,14 @@ def _qk_norm_rope_kv_write_op(qkv, q_weight, k_weight, positions, cos_sin, num_h
         return q
     heads = num_heads + 2 * num_kv_heads
     block_heads = min(8, triton.next_power_of_2(heads))
+    pdl = launch_kwargs(qkv.device)
     _qk_norm_rope_kernel[(T, triton.cdiv(heads, block_heads))](
         qkv, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, q, q,
         slot_mapping, k_cache, v_cache,
         num_heads, num_kv_heads, float(eps),
         qkv.stride(0), cos_sin.stride(0), *k_cache.stride()[:3],
         HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, WRITE_KV=True, PAGE_SIZE=k_cache.shape[1],
-        num_warps=4,
+        num_warps=4, PDL=bool(pdl), **pdl,
     )
     return q
 

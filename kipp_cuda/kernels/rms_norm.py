@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 
 @triton.jit
@@ -19,12 +20,15 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     H, eps,
     stride_x, stride_r, stride_o, stride_ro,
-    BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per token row; the whole row sits in registers (H <= 8192 for Qwen3).
+    pdl_trigger(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # no kernel writes it
+    pdl_wait(PDL)
     x = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0)
     dtype = x.dtype
     s = x.to(tl.float32)
@@ -34,7 +38,6 @@ def _rms_norm_kernel(
         tl.store(res_out_ptr + t * stride_ro + cols, s.to(dtype), mask=mask)
     var = tl.sum(s * s, axis=0) / H
     h = (s * tl.math.rsqrt(var + eps)).to(dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_o + cols, (h * w).to(dtype), mask=mask)
 
 
@@ -60,12 +63,14 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
         return out if residual is None else (out, res_out)
     block_h = triton.next_power_of_2(H)
     num_warps = min(16, max(1, block_h // 256))  # ~8 elements a thread
+    pdl = launch_kwargs(x.device)
     _rms_norm_kernel[(T,)](
         x, residual if residual is not None else x, weight, out, res_out,
         H, float(eps),
         x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         res_out.stride(0),
         BLOCK_H=block_h, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
+        PDL=bool(pdl), **pdl,
     )
     return out if residual is None else (out, res_out)
 

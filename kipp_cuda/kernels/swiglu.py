@@ -7,15 +7,18 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 
 @triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr,
     I, stride_x, stride_o,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program (token, column block).
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -41,8 +44,9 @@ def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
     if T == 0 or I == 0:
         return out
     block = min(1024, triton.next_power_of_2(I))
+    pdl = launch_kwargs(x.device)
     _silu_and_mul_kernel[(T, triton.cdiv(I, block))](
-        x, out, I, x.stride(0), out.stride(0), BLOCK=block, num_warps=4,
+        x, out, I, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, PDL=bool(pdl), **pdl,
     )
     return out
 

@@ -159,6 +159,37 @@ def test_gpu_graph_paths_equal_eager(tiny_path):
     assert again.token_ids == want[0] and again.metrics.num_cached_tokens > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (PDL, graphs)")
+@pytest.mark.parametrize("quant", [None, "q8_0", "affine4"])
+def test_gpu_pdl_decode_equals_plain_launches(tiny_path, monkeypatch, quant):
+    """Programmatic dependent launch changes when kernels start, never what they compute: bf16
+    decode through CUDA graphs gives the same tokens and logprobs, bit for bit, with it and
+    without it (KIPP_CUDA_PDL=0), for dense and quantized weights."""
+    from kipp_cuda.kernels.pdl import pdl_enabled
+
+    if not pdl_enabled(torch.device("cuda")):
+        pytest.skip("PDL needs sm_90 or newer")
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=3)
+    prompts = [list(range(3, 3 + n)) for n in (1, 37, 130)]
+    with_pdl = LLM(str(tiny_path), backend="cuda", dtype="bfloat16", quant=quant)
+    got = with_pdl.generate(prompts, params)
+    monkeypatch.setenv("KIPP_CUDA_PDL", "0")
+    assert not pdl_enabled(torch.device("cuda"))
+    plain = LLM(str(tiny_path), backend="cuda", dtype="bfloat16", quant=quant)
+    want = plain.generate(prompts, params)
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids
+        assert g.logprobs == w.logprobs
+
+
+def test_pdl_is_off_without_a_hopper_gpu(monkeypatch):
+    from kipp_cuda.kernels.pdl import launch_kwargs, pdl_enabled
+
+    assert launch_kwargs(torch.device("cpu")) == {}
+    monkeypatch.setenv("KIPP_CUDA_PDL", "0")
+    assert not pdl_enabled(torch.device("cuda"))
+
+
 class _ReplayByCalling:
     """Stands in for a CUDA graph on CPU: replay re-runs the captured function into the same
     output tensor, reading the runner's staged inputs as a graph would."""
