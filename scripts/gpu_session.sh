@@ -203,11 +203,52 @@ throughput)
     --steps 16 2>&1 | grep -v "^\s*$" > "$OUT/profile_b256.log"
   grep -E "graph replay|_paged_decode|Self CUDA time" "$OUT/profile_b256.log" | cut -c1-60,140-200
   ;;
+attnb)
+  # Large-batch decode attention: sweep at batch 256, set the fastest config on this machine's
+  # copy (committed afterwards with these numbers), then the throughput run and its step profile.
+  step "GPU tests: decode attention, PDL on = off"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda/test_backend.py \
+    tests/cuda/test_attention_kernels_gpu.py -k "decode or pdl" 2>&1 | tail -1
+  step "decode attention at batch 256"
+  timeout 240 python scripts/kernel_sweep.py --only attn_b256 --json "$OUT/attn_b256.json" 2>&1 \
+    | tee "$OUT/attn_b256.log" | cut -c1-120
+  python - "$OUT/attn_b256.json" <<'PY'
+import json, re, sys
+r = json.load(open(sys.argv[1]))[0]["results"]
+best = min((x for x in r if "us" in x), key=lambda x: x["us"])["cfg"]
+p = "kipp_cuda/kernels/decode_attention.py"
+s = open(p).read()
+for name, key in (("BLOCK_N", "BLOCK_N"), ("NUM_WARPS", "num_warps"),
+                  ("NUM_STAGES", "num_stages"), ("EARLY_V_LOAD", "early_v")):
+    s = re.sub(rf"^{name} = \S+", f"{name} = {best[key]}", s, count=1, flags=re.M)
+open(p, "w").write(s)
+print("set:", best)
+PY
+  step "0.6B throughput (with the picked attention config)"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 64 --num-requests 256 --min-len 100 \
+    --max-len 1024 --kv-cache-memory 48GiB --json "$OUT/b06_attnb.json" 2>&1 \
+    | grep -E "hroughput|\| kipp" | tail -2
+  step "throughput step profile"
+  timeout 120 python scripts/profile_throughput.py 2>&1 | grep -v "falls back" | tail -9
+  ;;
+tp8)
+  step "tp gate 8B"
+  timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -4
+  for tp in 1 2; do
+    step "8B decode TP=$tp"
+    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
+      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
+      | grep -E "\| kipp" | tail -1
+  done
+  ;;
 tp32)
   step "32B decode TP=2"
-  timeout 400 python -m kipp_core.cli.main bench --random-weights qwen3-32b --backend cuda \
+  timeout 560 python -m kipp_core.cli.main bench --random-weights qwen3-32b --backend cuda \
     --tensor-parallel 2 --batch-sizes 1 --prompt-len 512 --gen-len 128 --kv-cache-memory 16GiB \
-    --max-model-len 8192 --json "$OUT/bench32_tp2.json" 2>&1 | grep -E "kipp|\|" | tail -4
+    --max-model-len 8192 --json "$OUT/bench32_tp2.json" 2>&1 | tr '\r' '\n' > "$OUT/tp32.log"
+  grep -E "\| kipp|ready|rror" "$OUT/tp32.log" | tail -6; df -h /tmp | tail -1
   ;;
 esac
 echo "== $(date +%T) done"

@@ -181,6 +181,57 @@ def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles
                      f"warps={warps}", "bytes": nbytes, "results": results})
 
 
+def attn_batch(rows):
+    """Decode attention at batch 256 (the throughput regime): 0.6B heads, contexts drawn from 200
+    to 1,500 tokens, each sequence on its own shuffled blocks, one split. Times every tile size,
+    warp count, pipelining depth and V-load placement; bytes are the KV read."""
+    saved = {k: getattr(da, k) for k in ("BLOCK_N", "EARLY_V_LOAD", "NUM_WARPS", "NUM_STAGES")}
+    page, D, hq, hkv, B = 32, 128, 16, 8, 256
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.randint(200, 1501, (B,), generator=gen)
+    per_seq = (int(lens.max()) + page - 1) // page
+    nb = B * per_seq
+    kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(nb, device="cuda").to(torch.int32).view(B, per_seq)
+    ctx = lens.to(torch.int32).cuda()
+    q = torch.randn(B, hq, D, dtype=torch.bfloat16, device="cuda")
+    a = (q, kc, vc, bt, ctx, D**-0.5)
+    ref = da.paged_decode_attention_ref(*a).float()
+    nbytes = int(lens.sum()) * hkv * D * 2 * 2
+    results = []
+    try:
+        for block_n, warps, stages, early_v in itertools.product(
+                (32, 64, 128), (2, 4, 8), (1, 2, 3), (True, False)):
+            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.EARLY_V_LOAD = (block_n, warps, stages,
+                                                                          early_v)
+            cfg = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages,
+                   "early_v": early_v}
+            fn = lambda: da._paged_decode_attention_op(*a, max_context_len=1500)  # noqa: E731
+            try:
+                err = ((fn().float() - ref).norm() / ref.norm()).item()
+                if not err < 2e-2:
+                    raise AssertionError(f"wrong result, rel err {err:.2e}")
+                us = graph_us(fn, reps=5, iters=5)
+            except Exception as e:  # noqa: BLE001 - a failing config is reported, not fatal
+                results.append({"cfg": cfg, "error": str(e)[:120]})
+                continue
+            results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
+    finally:
+        for k, v in saved.items():
+            setattr(da, k, v)
+    default = next(r for r in results if r["cfg"] == {
+        "BLOCK_N": saved["BLOCK_N"], "num_warps": saved["NUM_WARPS"],
+        "num_stages": saved["NUM_STAGES"], "early_v": saved["EARLY_V_LOAD"]})
+    ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
+    print(f"attn_b256 0.6B heads, {nbytes / 1e9:.2f} GB of KV: default "
+          f"{default.get('us', math.nan):8.1f} us {default.get('gbs', 0):6.0f} GB/s")
+    for r in ok[:5]:
+        print(f"{'':24} best {r['us']:8.1f} us {r['gbs']:6.0f} GB/s {r['cfg']}")
+    rows.append({"family": "attn_b256", "shape": "0.6B B=256 ctx 200-1500", "bytes": nbytes,
+                 "results": results})
+
+
 def small(rows):
     from kipp_cuda.kernels.qk_norm_rope import _qk_norm_rope_op, rope_cos_sin_cache
     from kipp_cuda.kernels.rms_norm import _rms_norm_op
@@ -240,6 +291,7 @@ def main() -> None:
     rows: list = []
     only = args.only.split(",")
     for name, fn in (("small", lambda: small(rows)), ("attn", lambda: attn(rows)),
+                     ("attn_b256", lambda: attn_batch(rows)),
                      ("dense", lambda: dense(rows, shapes)), ("q8_0", lambda: q8(rows, shapes)),
                      ("affine4", lambda: affine4(rows, shapes))):
         if name in only:

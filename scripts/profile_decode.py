@@ -35,9 +35,11 @@ def main() -> None:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--quant", default=None)
+    p.add_argument("--kv-cache-memory", default="48GiB")
     args = p.parse_args()
     path = random_checkpoint(args.shape)
-    llm = LLM(str(path), backend="cuda", quant=args.quant, kv_cache_memory="16GiB",
+    # Room for every sequence's context: a smaller budget preempts, and the batch shrinks.
+    llm = LLM(str(path), backend="cuda", quant=args.quant, kv_cache_memory=args.kv_cache_memory,
               max_num_seqs=max(8, args.batch))
     eng, runner = llm.engine, llm.backend.runner
     sp = SamplingParams(temperature=0, max_tokens=10 * args.steps, ignore_eos=True)
@@ -65,6 +67,10 @@ def main() -> None:
     for _ in range(args.steps):
         eng.step()
     total = (time.perf_counter() - t) / args.steps
+    running = len(eng.scheduler.running)
+    if running != args.batch:
+        print(f"only {running} of {args.batch} sequences run (KV budget): the numbers below are "
+              f"not for batch {args.batch}")
     print(f"{args.shape} batch {args.batch} context {args.context}: {plain * 1e3:.3f} ms/step "
           f"({args.batch / plain:.0f} tok/s); with syncs {total * 1e3:.3f} ms/step")
     for k, v in sections.items():

@@ -38,6 +38,7 @@ FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/k
 EARLY_V_LOAD = True  # load a tile's V together with its K, before the softmax math
 MERGE_CHUNK = 4096  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads
 NUM_WARPS = 4  # sm_90 builds at 4 warps use 255 registers and spill; at 8 they do not (sweep both)
+NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/kernel_sweep.py)
 LOG2E = 1.4426950408889634
 
 
@@ -268,7 +269,7 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
         DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", EARLY_V=EARLY_V_LOAD,
         FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
-        num_warps=NUM_WARPS, num_stages=2, PDL=bool(pdl), **pdl,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, PDL=bool(pdl), **pdl,
     )
     if not one_split and not fused:
         merge_splits(out, mid_o, mid_lse)

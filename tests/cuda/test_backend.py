@@ -179,7 +179,7 @@ def test_gpu_pdl_decode_equals_plain_launches(tiny_path, monkeypatch, quant):
     want = plain.generate(prompts, params)
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids
-        assert g.logprobs == w.logprobs
+        assert g.outputs[0].logprobs == w.outputs[0].logprobs
 
 
 def test_pdl_is_off_without_a_hopper_gpu(monkeypatch):
