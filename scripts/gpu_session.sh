@@ -243,6 +243,24 @@ tp8)
       | grep -E "\| kipp" | tail -1
   done
   ;;
+last)
+  # This session's closing numbers: PDL, the batch-256 attention config, the throughput warm-up.
+  step "GPU decode attention tests (2 warps)"
+  timeout 120 python -m pytest -q -p no:cacheprovider --timeout 100 \
+    tests/cuda/test_attention_kernels_gpu.py -k decode 2>&1 | tail -1
+  step "0.6B: batch 1 decode, 256-request throughput, prefix cache (transformers peer)"
+  timeout 240 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
+    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
+  for q in none q8_0 affine4; do
+    step "8B $q, batch 1"
+    qa=""; [ "$q" != none ] && qa="--quant $q"
+    timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
+  done
+  ;;
 tp32)
   step "32B decode TP=2"
   timeout 560 python -m kipp_core.cli.main bench --random-weights qwen3-32b --backend cuda \
