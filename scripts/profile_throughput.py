@@ -28,6 +28,8 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--kv-cache-memory", default="48GiB")
+    p.add_argument("--torch-profile", type=int, default=0,
+                   help="also profile the first N steps (the prefill-heavy ones) per kernel")
     args = p.parse_args()
     llm = LLM(str(random_checkpoint(args.shape)), backend="cuda",
               kv_cache_memory=args.kv_cache_memory)
@@ -76,6 +78,25 @@ def main() -> None:
               f"mean batch {seqs / n:6.1f}  mean context {ctx / max(seqs, 1):6.0f}")
     print(f"decode attention reads {kv_read / 1e12:.2f} TB of KV: "
           f"{kv_read / (HBM_TB_S * 1e12):.2f} s at {HBM_TB_S} TB/s")
+    if args.torch_profile:
+        import torch
+
+        eng = llm.engine
+        for i, (pr, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(f"p{i}", pr, sp)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                                torch.profiler.ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            for _ in range(args.torch_profile):
+                eng.step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        print(f"first {args.torch_profile} steps again, profiled: "
+              f"{(time.perf_counter() - t) * 1e3:.0f} ms")
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14,
+                                        max_name_column_width=50))
+        for i in range(len(prompts)):
+            eng.abort_request(f"p{i}")
 
 
 if __name__ == "__main__":
