@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_mt", "stride_mh", "stride_lt", "stride_lh"])
 def merge_splits_kernel(
     out_ptr, mid_o_ptr, mid_lse_ptr,
     num_splits,
