@@ -3,6 +3,8 @@ contiguous, prefix hit equals cold, no leaked blocks, and the limits."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -283,3 +285,18 @@ def test_final_only_requests_report_once_with_the_streamed_result(make_llm):
     assert f.outputs[0].finish_reason == s.outputs[0].finish_reason == "length"
     # Its delta is the whole output: nothing was reported before.
     assert f.outputs[0].token_ids_delta == f.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab", True, 3.0, np.int64(5), None])
+def test_bad_prompt_token_is_named(make_llm, bad):
+    """Every bad id is refused with a ValueError that names it, long prompts included (the fast
+    whole-prompt check falls through to the loop that finds it), and the engine stays usable."""
+    llm = make_llm()
+    vocab = llm.engine.model_config.vocab_size
+    bad = vocab if bad == "vocab" else bad
+    ids = [5] * 3000
+    ids[1234] = bad
+    with pytest.raises(ValueError, match=re.escape(f"prompt token id {bad!r} is outside the")):
+        llm.engine.add_request("bad", ids, GREEDY)
+    assert "bad" not in llm.engine.requests
+    assert run_alone(llm, [5, 6, 7]).token_ids

@@ -73,6 +73,26 @@ def test_prefill_is_the_median_of_its_repeats(monkeypatch):
     assert got["prefill_samples"] == [100.0, 200.0, 300.0]
 
 
+def test_throughput_warmup_is_untimed_and_of_the_same_kind():
+    """The warm-up requests come first, from the same length range with at most 16 tokens out;
+    only the timed batch's tokens count."""
+    from kipp_core import bench
+
+    calls = []
+
+    class FakeLLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            calls.append(([len(p) for p in prompts], [sp.max_tokens for sp in params]))
+            return [type("O", (), {"token_ids": [0] * sp.max_tokens})() for sp in params]
+
+    r = bench.measure_throughput(FakeLLM(), 5, 20, 40, np.random.default_rng(0), warmup=3)
+    (wl, wt), (pl, pt) = calls
+    assert len(wl) == 3 and all(20 <= n <= 40 for n in wl) and all(t <= 16 for t in wt)
+    assert len(pl) == 5 and all(20 <= n <= 40 for n in pl) and max(pt) > 16
+    assert r["warmup_requests"] == 3
+    assert r["output_tok_s"] * r["seconds"] == pytest.approx(sum(pt))
+
+
 def test_bench_refuses_to_record_after_a_fallback(tiny_path, tmp_path, capsys, no_fallbacks):
     fastpath.report_fallback("cuda", "fake_matmul", "injected by the test")
     out_json = tmp_path / "b.json"
