@@ -5,7 +5,7 @@
 #   bench06 0.6B benchmarks (kipp and transformers in the same run)
 #   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
 #   diag    kernel launch-config sweep, prefill host profile
-#   tp      tensor parallel gates and benchmarks (needs 2 GPUs)
+#   tp      tensor parallel gates and benchmarks (needs 2 GPUs); tp8 without the tiny NCCL tests
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
@@ -15,6 +15,17 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 k() { python -m kipp_core.cli.main "$@"; }
 step() { echo "== $(date +%T) $*"; }
+tp8() {  # the 8B TP gate (TP=2 vs TP=1 logits and greedy tokens), then TP=1 and TP=2 decode
+  step "tp gate 8B"
+  timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -4
+  for tp in 1 2; do
+    step "8B decode TP=$tp"
+    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
+      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
+      | grep -E "\| kipp" | tail -1
+  done
+}
 
 case "${1:-check}" in
 check)
@@ -74,15 +85,7 @@ tp)
   step "tp gates on kipp-tiny (NCCL)"
   timeout 150 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda/test_backend.py \
     -k "tensor_parallel and equals" 2>&1 | tail -3
-  step "tp gate 8B"
-  timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error|==" | tail -8
-  for tp in 1 2; do
-    step "8B decode TP=$tp"
-    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
-      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
-      | grep -E "kipp|\|" | tail -4
-  done
+  tp8
   ;;
 final)
   step "dense gemv at Qwen3 shapes"
@@ -233,15 +236,7 @@ PY
   timeout 120 python scripts/profile_throughput.py 2>&1 | grep -v "falls back" | tail -9
   ;;
 tp8)
-  step "tp gate 8B"
-  timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -4
-  for tp in 1 2; do
-    step "8B decode TP=$tp"
-    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
-      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
-      | grep -E "\| kipp" | tail -1
-  done
+  tp8
   ;;
 last)
   # This session's closing numbers: PDL, the batch-256 attention config, the throughput warm-up.

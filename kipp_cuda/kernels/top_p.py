@@ -107,7 +107,7 @@ def _walk(row_ptr, L, target, BLOCK: tl.constexpr):
     return c, hit
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "stride_e"])  # candidate count changes every step
 def _top_p_keep_kernel(
     e_ptr, top_p_ptr, n_keep_ptr, total_ptr,
     L, stride_e,
