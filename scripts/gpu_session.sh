@@ -5,8 +5,12 @@
 #   bench06 0.6B benchmarks (kipp and transformers in the same run)
 #   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
 #   diag    kernel launch-config sweep, prefill host profile
-#   tp      tensor parallel gates and benchmarks (needs 2 GPUs); tp8 without the tiny NCCL tests
+#   tp      tensor parallel gates and benchmarks (needs 2 GPUs); tp8 without the tiny NCCL tests;
+#           tp32 the 32B TP=2 decode
+#   decode  the issue-4 decode targets (0.6B and 8B); last: decode attention tests, then those
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
+#   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
+#   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -15,6 +19,21 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 k() { python -m kipp_core.cli.main "$@"; }
 step() { echo "== $(date +%T) $*"; }
+targets() {  # the issue-4 decode targets: 0.6B (batch 1, throughput, prefix cache; transformers
+  # peer) and 8B batch 1 in bf16, q8_0 and affine4
+  step "0.6B: batch 1 decode, 256-request throughput, prefix cache (transformers peer)"
+  timeout 240 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
+    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
+  for q in none q8_0 affine4; do
+    step "8B $q, batch 1"
+    qa=""; [ "$q" != none ] && qa="--quant $q"
+    timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
+  done
+}
 tp8() {  # the 8B TP gate (TP=2 vs TP=1 logits and greedy tokens), then TP=1 and TP=2 decode
   step "tp gate 8B"
   timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -4
@@ -152,23 +171,7 @@ print("chosen:", best)
 PY
   ;;
 decode)
-  # The decode targets after async scheduling and the attention variant `attn` picked.
-  step "0.6B: batch 1 decode, 256-request throughput, prefix cache (transformers peer)"
-  timeout 200 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
-    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
-    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
-    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\||hroughput|refix" | tail -9
-  for q in none q8_0 affine4; do
-    step "8B $q, batch 1"
-    qa=""; [ "$q" != none ] && qa="--quant $q"
-    timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
-      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
-      --json "$OUT/b8_$q.json" 2>&1 | grep -E "kipp bench|\| kipp" | tail -2
-    [ "$q" = none ] || continue
-    step "profile 0.6B decode at batch 256 (the throughput regime)"
-    timeout 100 python scripts/profile_decode.py --shape qwen3-0.6b --batch 256 --context 1024 \
-      --steps 16 2>&1 | grep -v "^\s*$" | tail -34 > "$OUT/profile_b256.log"; head -8 "$OUT/profile_b256.log"
-  done
+  targets
   ;;
 pdl)
   # Programmatic dependent launch: correctness on the GPU, then A/B against plain launches.
@@ -243,18 +246,7 @@ last)
   step "GPU decode attention tests (2 warps)"
   timeout 120 python -m pytest -q -p no:cacheprovider --timeout 100 \
     tests/cuda/test_attention_kernels_gpu.py -k decode 2>&1 | tail -1
-  step "0.6B: batch 1 decode, 256-request throughput, prefix cache (transformers peer)"
-  timeout 240 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
-    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
-    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
-    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
-  for q in none q8_0 affine4; do
-    step "8B $q, batch 1"
-    qa=""; [ "$q" != none ] && qa="--quant $q"
-    timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
-      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
-      --json "$OUT/b8_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
-  done
+  targets
   ;;
 tp32)
   step "32B decode TP=2"
