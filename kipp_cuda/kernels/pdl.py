@@ -19,9 +19,13 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kipp_core.fastpath import report_fallback
+
+try:  # Triton >= 3.3; the `if PDL:` branches that call them compile only with PDL on
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -45,7 +49,7 @@ def _device_has_pdl(device: torch.device) -> bool:
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
 
-        supported = "launch_pdl" in CUDAOptions.__dataclass_fields__
+        supported = gdc_wait is not None and "launch_pdl" in CUDAOptions.__dataclass_fields__
     except ImportError:
         supported = False
     if not supported:
