@@ -151,7 +151,7 @@ def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles
     grid = [(default_min_tiles, None)]  # the default: num_splits_for's count
     if not QUICK:
         grid += itertools.product((1, 2, 4), (8, 16, 32, 64, 128))
-    for fused, early_v, warps in itertools.product((False, True), (True, False), (4, 8)):
+    for fused, early_v, warps in itertools.product((False, True), (True, False), (2, 4, 8)):
         merge = "fused" if fused else "unfused"
         da.EARLY_V_LOAD, da.NUM_WARPS = early_v, warps
         results = []
