@@ -7,10 +7,9 @@
 With a backend that offers `execute_async` (async scheduling, as vLLM's), a step queues step N+1
 on the device before it waits for step N: N+1's decodes take N's samples as PENDING tokens, which
 the backend reads on the device, so the host's scheduling and detokenizing overlap the GPU. Each
-sequence is advanced at launch (its computed tokens, plus one pending sample) and its sample is
-appended when the step's result arrives. A sequence whose next step depends on the pending token's
-value (penalties over the output) or that is sure to finish waits for it instead. Outputs are the
-same as the synchronous loop's, token for token.
+sequence is advanced at launch (computed tokens, one pending sample); its sample is appended when
+the result arrives. A sequence whose next step depends on the pending token's value (penalties)
+or that is sure to finish waits instead. Outputs equal the synchronous loop's, token for token.
 
 Single-threaded: the server drives it from one worker thread (kipp_core.server.async_engine).
 """
@@ -146,14 +145,12 @@ class LLMEngine:
         if not ids:
             raise ValueError("prompt is empty: at least one token is needed")
         vocab = self.model_config.vocab_size
-        # The common case at C speed (a long prompt's per-token loop costs a prefix-cache hit
-        # about as much as its GPU work); the loop below names the first bad id.
-        if not (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab):
+        # All good at C speed (a loop costs a prefix hit ~0.5 ms); else the loop names the bad id.
+        if not (set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab):
             for t in ids:
                 if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                    raise ValueError(
-                        f"prompt token id {t!r} is outside the vocabulary (0..{vocab - 1})"
-                    )
+                    raise ValueError(f"prompt token id {t!r} is outside the vocabulary "
+                                     f"(0..{vocab - 1})")
         n, limit = len(ids), self.max_model_len
         if n >= limit:
             raise ValueError(
