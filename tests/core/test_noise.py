@@ -1,27 +1,13 @@
 """The deterministic sampling noise against an independent Python implementation, MurmurHash3
 vectors, and uniformity checks."""
 
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from kipp_core import sampling as S
-from kipp_core.sampling import SamplerState, SamplingParams
-
-NEG_INF = -np.inf
-f32 = np.float32
-
-
-def state(**kw) -> SamplerState:
-    """SamplerState fields (seed, stream, token ids, stop_token_ids) go to the state, the rest to
-    SamplingParams."""
-    fields = {f.name for f in dataclasses.fields(SamplerState)}
-    st_kw = {k: kw.pop(k) for k in list(kw) if k in fields and k != "params"}
-    st_kw.setdefault("seed", 0)
-    return SamplerState(params=SamplingParams(**kw), **st_kw)
-
+from tests.core.sampler_state import f32
 
 # --- Noise ----------------------------------------------------------------------------------------
 
