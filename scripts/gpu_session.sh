@@ -5,10 +5,13 @@
 #   bench06 0.6B benchmarks (kipp and transformers in the same run)
 #   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
 #   diag    kernel launch-config sweep, prefill host profile
+#   tpprof  a TP=2 decode step's time, all-reduce variants (2 GPUs)
 #   tp      tensor parallel gates and benchmarks (needs 2 GPUs); tp8 without the tiny NCCL tests;
 #           tp32 the 32B TP=2 decode
 #   decode  the issue-4 decode targets (0.6B and 8B); last: decode attention tests, then those
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
+#   qgemv   quantized GEMV tests, config sweep written to the tuned table, then quant; sweeptp
+#           the dense TP=2 shard shapes; q32 qgemv then tp32
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 set -u
@@ -97,6 +100,12 @@ bench8)
   timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
+  ;;
+tpprof)  # where a TP=2 decode step's time goes: all-reduce variants in the decode graph
+  step "tp step profile ${2:-qwen3-8b}"
+  timeout 400 python scripts/tp_step_profile.py --shape "${2:-qwen3-8b}" --profile 2>&1 \
+    | tee "$OUT/tp_step_profile.log" | grep -vE "^\[|Warning|warn" | tail -20
+  for f in "$OUT"/tp_profile_*rank0.txt; do echo "-- $f"; head -16 "$f" | cut -c1-150; done
   ;;
 tp)
   step "GPU links"
@@ -189,6 +198,26 @@ pdl)
       --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
       --json "$OUT/b8_pdl$pdl.json" 2>&1 | grep -E "\| kipp" | tail -1
   done
+  ;;
+qgemv)  # the quantized GEMVs' LOP3 conversion: GPU tests, launch-config sweep at 8B shapes
+  # written to the tuned table, then the 8B quantized decode targets
+  step "matmul kernel tests and PDL/graph decode on the GPU"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_matmul_kernels.py \
+    tests/cuda/test_backend.py -k "gpu and (quantized or pdl or dense_gemv)" 2>&1 | tail -3
+  step "sweep q8_0, affine4 at 8B shapes"
+  timeout 300 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --write-configs \
+    --json "$OUT/sweep_quant.json" 2>&1 | tee "$OUT/sweep_quant.log" | grep -E "default|wrote|Error"
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  bash "$0" quant
+  ;;
+sweeptp)  # dense GEMV launch configs at the TP=2 shard shapes, written to the tuned table
+  timeout 240 python scripts/kernel_sweep.py --only dense --shapes tp2 --write-configs \
+    --json "$OUT/sweep_tp2.json" 2>&1 | tee "$OUT/sweep_tp2.log" | grep -E "default|wrote|Error"
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  ;;
+q32)  # this session's third call: the quantized GEMVs, then 32B TP=2 with the tuned shard configs
+  bash "$0" qgemv
+  bash "$0" tp32
   ;;
 quant)
   for q in q8_0 affine4; do

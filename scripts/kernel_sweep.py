@@ -26,7 +26,14 @@ SHAPES = {  # (N, K) of each decode linear
     "0.6B down": (1024, 3072), "0.6B lm_head": (151936, 1024),
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (24576, 4096),
     "8B down": (4096, 12288), "8B lm_head": (151936, 4096),
+    # one rank's shard under --tensor-parallel 2 (column-parallel qkv/gate_up/head, row-parallel
+    # o/down)
+    "8B/tp2 qkv": (3072, 4096), "8B/tp2 o": (4096, 2048), "8B/tp2 gate_up": (12288, 4096),
+    "8B/tp2 down": (4096, 6144), "8B/tp2 lm_head": (75968, 4096),
+    "32B/tp2 qkv": (5120, 5120), "32B/tp2 o": (5120, 4096), "32B/tp2 gate_up": (25600, 5120),
+    "32B/tp2 down": (5120, 12800), "32B/tp2 lm_head": (75968, 5120),
 }
+TUNED = "kipp_cuda/kernels/configs/h200_gemv.json"
 
 
 def graph_us(fn, reps: int = 20, iters: int = 10) -> float:
@@ -97,7 +104,7 @@ def q8(rows, shapes):
         d = (torch.rand(N, K // 32, device="cuda") * 0.01).half()
         ref = lambda x=x, qs=qs, d=d: qm.q8_0_matmul_ref(x, qs, d)  # noqa: E731
         grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
-                for bn, bg, s, nw in itertools.product((4, 8, 16), (8, 16, 32), (1, 2, 4, 8),
+                for bn, bg, s, nw in itertools.product((4, 8, 16, 32), (8, 16, 32), (1, 2, 4),
                                                        (4, 8))
                 if K // 32 // s >= bg]
         sweep(rows, "q8_0", name, N * K * 34 // 32,
@@ -113,7 +120,7 @@ def affine4(rows, shapes):
         b = (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16()
         ref = lambda x=x, wq=wq, s=s, b=b: am.affine_matmul_ref(x, wq, s, b, 4, 32)  # noqa: E731
         grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=sp, num_warps=nw)
-                for bn, bg, sp, nw in itertools.product((4, 8, 16), (8, 16, 32), (1, 2, 4, 8),
+                for bn, bg, sp, nw in itertools.product((4, 8, 16, 32), (8, 16, 32), (1, 2, 4),
                                                         (4, 8))
                 if K // 32 // sp >= bg]
         sweep(rows, "affine4", name, N * K // 2 + N * K // 32 * 4,
@@ -282,6 +289,8 @@ def main() -> None:
     p.add_argument("--shapes", default="")
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="attn: only the default split count")
+    p.add_argument("--write-configs", action="store_true",
+                   help=f"merge each GEMV shape's fastest config into {TUNED}")
     args = p.parse_args()
     global QUICK
     QUICK = args.quick
@@ -299,6 +308,24 @@ def main() -> None:
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1, default=lambda o: math.nan)
+    if args.write_configs:
+        write_configs(rows)
+
+
+def write_configs(rows: list) -> None:
+    """The fastest config of every swept GEMV shape into the tuned table (kipp_cuda/kernels/
+    tuned.py), keyed by family and N x K."""
+    with open(TUNED) as f:
+        table = json.load(f)
+    for r in rows:
+        ok = [x for x in r.get("results", []) if "us" in x]
+        if r["family"] in ("dense", "q8_0", "affine4") and ok:
+            N, K = SHAPES[r["shape"]]
+            table.setdefault(r["family"], {})[f"{N}x{K}"] = min(ok, key=lambda x: x["us"])["cfg"]
+    with open(TUNED, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    print(f"wrote {TUNED}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ wq: [N, K * bits / 32] uint32 words (held as int32), element j of a row at bits 
 word j // per, per = 32 / bits (LSB first); scales, biases: [N, K / group_size] in any float dtype;
 w = scales * q + biases per group, and scales may be negative. bits 4 or 8, group_size 32/64/128.
 Same two kernels as q8_0_matmul (which documents the design): a CUDA-core GEMV for T == 1 that uses
-sum_g(x * w) = s * sum_g(x * q) + b * sum_g(x), exact in fp32, and tl.dot for T > 1 on tiles
-dequantized to the activation dtype, with split-K for T <= 16.
+sum_g(x * w) = s * sum_g(x * q) + b * sum_g(x), with q made exact fp32 by bits.py (one PRMT or
+LOP3 a value), and tl.dot for T > 1 on tiles dequantized to the activation dtype, with split-K for
+T <= 16.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.bits import byte_floats, load_x_words, nibble_floats, x_floats
 from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     gemv_launch,
@@ -35,78 +37,56 @@ _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 @triton.jit
 def _field(w, SHIFT: tl.constexpr, BITS: tl.constexpr):
     # The float with bits 0x4B000000 | u is 2**23 + u exactly for u < 2**23 (no I2F, a
-    # quarter-rate pipe): field value * 2**SHIFT, as fp32.
-    u = (w & (((1 << BITS) - 1) << SHIFT)) | _MAGIC
+    # quarter-rate pipe): the field at SHIFT as fp32.
+    u = ((w >> SHIFT) & ((1 << BITS) - 1)) | _MAGIC
     return u.to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
 def unpack_words(words, BITS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-                 W: tl.constexpr, SCALED: tl.constexpr):
+                 W: tl.constexpr):
     """words [D0, D1, W] int32 -> their [D0, D1, W * 32 / BITS] unsigned fields as exact fp32, in
     element order (LSB first); tl.join interleaves them back and keeps each word's values in the
-    thread that loaded it. With SCALED, field j comes back times 2**(BITS * (j % per_shift)) (see
-    `field_scale`): fields left in place need one logic op each instead of a shift and a mask."""
+    thread that loaded it."""
     w = words.to(tl.uint32, bitcast=True)
-    if SCALED:
-        hi = w >> 20 if BITS == 4 else w >> 16
-        e0 = _field(w, 0, BITS)
-        e1 = _field(w, BITS, BITS)
-        e2 = _field(w, 2 * BITS, BITS) if BITS == 4 else _field(hi, 0, BITS)
-        e3 = _field(w, 3 * BITS, BITS) if BITS == 4 else _field(hi, BITS, BITS)
-    else:
-        e0 = _field(w, 0, BITS)
-        e1 = _field(w >> BITS, 0, BITS)
-        e2 = _field(w >> 2 * BITS, 0, BITS)
-        e3 = _field(w >> 3 * BITS, 0, BITS)
+    e0 = _field(w, 0, BITS)
+    e1 = _field(w, BITS, BITS)
+    e2 = _field(w, 2 * BITS, BITS)
+    e3 = _field(w, 3 * BITS, BITS)
     if BITS == 8:
         # join(a, b) adds a last axis [a, b]; flattening index (i1, i0) gives 2 * i1 + i0.
         t = tl.join(tl.join(e0, e2), tl.join(e1, e3))
         return tl.reshape(t, [D0, D1, W * 4])
     else:
-        if SCALED:
-            e4 = _field(w, 16, BITS)
-            e5 = _field(hi, 0, BITS)
-            e6 = _field(hi, 4, BITS)
-            e7 = _field(hi, 8, BITS)
-        else:
-            e4 = _field(w >> 16, 0, BITS)
-            e5 = _field(w >> 20, 0, BITS)
-            e6 = _field(w >> 24, 0, BITS)
-            e7 = _field(w >> 28, 0, BITS)
+        e4 = _field(w, 16, BITS)
+        e5 = _field(w, 20, BITS)
+        e6 = _field(w, 24, BITS)
+        e7 = _field(w, 28, BITS)
         t = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)),
                     tl.join(tl.join(e1, e5), tl.join(e3, e7)))
         return tl.reshape(t, [D0, D1, W * 8])
 
 
 @triton.jit
-def field_scale(e, BITS: tl.constexpr):
-    """2**-(the power unpack_words(SCALED=True) leaves on element index e), exact fp32: for 4 bits
-    fields 0-4 stay in place and 5-7 come from w >> 20; for 8 bits, 0-1 and 2-3 from w >> 16."""
-    j = e % (32 // BITS)
-    if BITS == 4:
-        p = tl.where(j < 5, 4 * j, 4 * (j - 5))
-    else:
-        p = 8 * (j % 2)
-    return ((127 - p) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _affine_gemv_weights(w_rows, s_rows, b_rows, g0, g_end, n_mask, rg, w_off,
+def _affine_gemv_weights(w_rows, s_rows, b_rows, g0, g_end, n_mask, rg, wo,
                          WPG: tl.constexpr):
     # Words [BLOCK_N, BLOCK_G, WPG], scales and biases [BLOCK_N, BLOCK_G] at group g0; groups at
     # or past g_end (and rows past N) read nothing.
     m2 = n_mask[:, None] & (g0 + rg < g_end)[None, :]
-    words = tl.load(w_rows + g0 * WPG + w_off[None, :, :], mask=m2[:, :, None], other=0)
+    words = tl.load(w_rows + g0 * WPG + wo[None, :, :], mask=m2[:, :, None], other=0)
     s = tl.load(s_rows + g0 + rg[None, :], mask=m2, other=0)
     b = tl.load(b_rows + g0 + rg[None, :], mask=m2, other=0)
     return words, s, b
 
 
 @triton.jit
-def _affine_gemv_x(x_ptr, g0, g_end, rg, x_off, GROUP: tl.constexpr):
-    # x [BLOCK_G, GROUP] at group g0.
-    return tl.load(x_ptr + g0 * GROUP + x_off, mask=(g0 + rg < g_end)[:, None], other=0)
+def _affine_gemv_x(x_ptr, g0, g_end, rg, xo, GROUP: tl.constexpr, BITS: tl.constexpr):
+    # x of the words at group g0, as load_x_words gives it: values 0-3 of each word's 32 / BITS,
+    # and for 4 bits values 4-7.
+    m = (g0 + rg < g_end)[:, None]
+    lo = load_x_words(x_ptr, g0 * GROUP + xo, m)
+    hi = load_x_words(x_ptr, g0 * GROUP + xo + 4, m) if BITS == 4 else lo
+    return lo, hi
 
 
 @triton.jit
@@ -115,42 +95,58 @@ def _affine_gemv_kernel(
     N, num_groups, groups_per_split,
     stride_wn, stride_sn, stride_bn,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, WPG] words.
+    # Per group, sum(x w) = s sum(x q) + b sum(x), and with bits.py's f (2 + q / 128, or 2 + q / 8
+    # for odd nibbles, whose x is taken / 16): sum(x q) = 128 (sum(x f) - 2 sum(x)).
     pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
+    PER: tl.constexpr = 32 // BITS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rg = tl.arange(0, BLOCK_G)
+    rw = tl.arange(0, WPG)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
-    w_off = rg[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [BLOCK_G, WPG]
-    x_off = rg[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_G, GROUP]
-    x_scale = field_scale(x_off, BITS)
+    wo = rg[:, None] * WPG + rw[None, :]  # [BLOCK_G, WPG] word offsets in the tile
+    xo = rg[:, None] * GROUP + rw[None, :] * PER  # index of each word's first x
     w_rows = wq_ptr + rn64[:, None, None] * stride_wn
     s_rows = s_ptr + rn64[:, None] * stride_sn
     b_rows = b_ptr + rn64[:, None] * stride_bn
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    words, s, b = _affine_gemv_weights(w_rows, s_rows, b_rows, g_start, g_end, n_mask, rg, w_off,
+    words, s, b = _affine_gemv_weights(w_rows, s_rows, b_rows, g_start, g_end, n_mask, rg, wo,
                                        WPG)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    x = _affine_gemv_x(x_ptr, g_start, g_end, rg, x_off, GROUP)
+    xlo, xhi = _affine_gemv_x(x_ptr, g_start, g_end, rg, xo, GROUP, BITS)
     for g0 in range(g_start, g_end, BLOCK_G):
         # Issue the next tile's loads before this tile's math: two tiles in flight a program.
         nw, ns, nb = _affine_gemv_weights(w_rows, s_rows, b_rows, g0 + BLOCK_G, g_end, n_mask,
-                                          rg, w_off, WPG)
-        nx = _affine_gemv_x(x_ptr, g0 + BLOCK_G, g_end, rg, x_off, GROUP)
-        q = unpack_words(words, BITS, BLOCK_N, BLOCK_G, WPG, True)
-        xf = x.to(tl.float32)
-        # sum over a group of x * (s q + b) = s * sum(x q) + b * sum(x); q comes scaled by powers
-        # of two that x_scale undoes exactly.
-        xq = tl.sum(q * (xf * x_scale)[None, :, :], axis=2)
-        acc += xq * s.to(tl.float32) + tl.sum(xf, axis=1)[None, :] * b.to(tl.float32)
-        words, s, b, x = nw, ns, nb, nx
+                                          rg, wo, WPG)
+        nxlo, nxhi = _affine_gemv_x(x_ptr, g0 + BLOCK_G, g_end, rg, xo, GROUP, BITS)
+        m = (g0 + rg < g_end)[:, None]
+        x0, x1, x2, x3 = x_floats(xlo, x_ptr, g0 * GROUP + xo, m)
+        if BITS == 4:
+            x4, x5, x6, x7 = x_floats(xhi, x_ptr, g0 * GROUP + xo + 4, m)
+            f0, f1, f2, f3, f4, f5, f6, f7 = nibble_floats(words, ASM)
+            x1, x3, x5, x7 = x1 * 0.0625, x3 * 0.0625, x5 * 0.0625, x7 * 0.0625
+            xf = (f0 * x0[None] + f1 * x1[None] + f2 * x2[None] + f3 * x3[None]
+                  + f4 * x4[None] + f5 * x5[None] + f6 * x6[None] + f7 * x7[None])
+            x_even = x0 + x2 + x4 + x6
+            x_odd = x1 + x3 + x5 + x7  # taken / 16
+            x_scaled = tl.sum(x_even + x_odd, axis=1)
+            x_sum = tl.sum(x_even + 16.0 * x_odd, axis=1)
+        else:
+            f0, f1, f2, f3 = byte_floats(words, False, ASM)
+            xf = f0 * x0[None] + f1 * x1[None] + f2 * x2[None] + f3 * x3[None]
+            x_sum = tl.sum(x0 + x1 + x2 + x3, axis=1)
+            x_scaled = x_sum
+        xq = (tl.sum(xf, axis=2) - 2.0 * x_scaled[None, :]) * 128.0
+        acc += xq * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
+        words, s, b, xlo, xhi = nw, ns, nb, nxlo, nxhi
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
                1, BLOCK_N, SPLIT_K)
@@ -206,7 +202,7 @@ def _affine_matmul_kernel(
                         other=0)
             b = tl.load(b_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :],
                         other=0)
-        q = unpack_words(words, BITS, BLOCK_N, NG, WPG, False)
+        q = unpack_words(words, BITS, BLOCK_N, NG, WPG)
         w = q * s.to(tl.float32)[:, :, None] + b.to(tl.float32)[:, :, None]
         w = tl.reshape(w, [BLOCK_N, BLOCK_K]).to(DOT_DTYPE)
         acc = tl.dot(x.to(DOT_DTYPE), tl.trans(w), acc, input_precision=INPUT_PRECISION)
@@ -270,7 +266,7 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
         N, num_groups, per_split,
         wq.stride(0), scales.stride(0), biases.stride(0),
         BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
-        SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
+        SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl), ASM=not interpreting(),
         num_warps=cfg["num_warps"], **pdl,
     )
     return out

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.bits import byte_floats, load_x_words, x_floats
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -54,54 +55,55 @@ def int8_to_float(b):
 
 
 @triton.jit
-def _q8_0_gemv_weights(qs_rows, d_rows, g0, g_end, n_mask, rg, ge):
-    # [BLOCK_N, BLOCK_G, 32] int8 and their scales [BLOCK_N, BLOCK_G] at group g0; groups at or
-    # past g_end (and rows past N) read nothing.
+def _q8_0_gemv_weights(qw_rows, d_rows, g0, g_end, n_mask, rg, wo):
+    # [BLOCK_N, BLOCK_G, 8] words (4 values each) and their scales [BLOCK_N, BLOCK_G] at group
+    # g0; groups at or past g_end (and rows past N) read nothing.
     g_mask = g0 + rg < g_end
-    b = tl.load(qs_rows + g0 * 32 + ge[None, :, :],
+    w = tl.load(qw_rows + g0 * 8 + wo[None, :, :],
                 mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
     d = tl.load(d_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
-    return b, d
-
-
-@triton.jit
-def _q8_0_gemv_x(x_ptr, g0, g_end, rg, ge):
-    # x [BLOCK_G, 32] at group g0.
-    return tl.load(x_ptr + g0 * 32 + ge, mask=(g0 + rg < g_end)[:, None], other=0)
+    return w, d
 
 
 @triton.jit
 def _q8_0_gemv_kernel(
-    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
+    x_ptr, qw_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
     N, num_groups, groups_per_split,
     stride_qn, stride_dn,
     BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr,
 ):
-    # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, 32] int8.
+    # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, 8] int32
+    # words of qs (stride_qn counts words).
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rg = tl.arange(0, BLOCK_G)
-    re = tl.arange(0, 32)
+    rw = tl.arange(0, 8)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
-    qs_rows = qs_ptr + rn64[:, None, None] * stride_qn
+    qw_rows = qw_ptr + rn64[:, None, None] * stride_qn
     d_rows = d_ptr + rn64[:, None] * stride_dn
-    ge = rg[:, None] * 32 + re[None, :]  # [BLOCK_G, 32] element offsets in the tile
+    wo = rg[:, None] * 8 + rw[None, :]  # [BLOCK_G, 8] word offsets in the tile
+    xo = rg[:, None] * 32 + rw[None, :] * 4  # [BLOCK_G, 8] index of each word's first x
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    b, d = _q8_0_gemv_weights(qs_rows, d_rows, g_start, g_end, n_mask, rg, ge)
+    w, d = _q8_0_gemv_weights(qw_rows, d_rows, g_start, g_end, n_mask, rg, wo)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    x = _q8_0_gemv_x(x_ptr, g_start, g_end, rg, ge)
+    xv = load_x_words(x_ptr, g_start * 32 + xo, (g_start + rg < g_end)[:, None])
     for g0 in range(g_start, g_end, BLOCK_G):
         # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nb, nd = _q8_0_gemv_weights(qs_rows, d_rows, g0 + BLOCK_G, g_end, n_mask, rg, ge)
-        nx = _q8_0_gemv_x(x_ptr, g0 + BLOCK_G, g_end, rg, ge)
-        q = int8_to_float(b)
-        acc += tl.sum(q * x.to(tl.float32)[None, :, :], axis=2) * d.to(tl.float32)
-        b, d, x = nb, nd, nx
+        nw, nd = _q8_0_gemv_weights(qw_rows, d_rows, g0 + BLOCK_G, g_end, n_mask, rg, wo)
+        nxv = load_x_words(x_ptr, (g0 + BLOCK_G) * 32 + xo, (g0 + BLOCK_G + rg < g_end)[:, None])
+        x0, x1, x2, x3 = x_floats(xv, x_ptr, g0 * 32 + xo, (g0 + rg < g_end)[:, None])
+        # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
+        f0, f1, f2, f3 = byte_floats(w, True, ASM)
+        xf = f0 * x0[None] + f1 * x1[None] + f2 * x2[None] + f3 * x3[None]
+        x_sum = tl.sum(x0 + x1 + x2 + x3, axis=1)
+        acc += (tl.sum(xf, axis=2) - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
+        w, d, xv = nw, nd, nxv
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
                1, BLOCK_N, SPLIT_K)
@@ -236,13 +238,15 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
     num_groups = K // QK8_0
     cfg = config or gemv_config(N, num_groups, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
+    if qs.stride(0) % 4 or qs.storage_offset() % 4:  # the kernel reads rows as int32 words
+        qs = qs.contiguous()
     pdl = launch_kwargs(x.device)
     _q8_0_gemv_kernel[grid](
-        x, qs, d, out, part, locks,
+        x, qs.view(torch.int32), d, out, part, locks,
         N, num_groups, per_split,
-        qs.stride(0), d.stride(0),
+        qs.stride(0) // 4, d.stride(0),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
-        num_warps=cfg["num_warps"], **pdl,
+        ASM=not interpreting(), num_warps=cfg["num_warps"], **pdl,
     )
     return out
 

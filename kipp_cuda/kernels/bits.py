@@ -1,0 +1,148 @@
+"""Packed integers to exact fp32 for the one-token quantized GEMVs, without I2F (a quarter-rate
+pipe) and without a float subtraction a weight.
+
+A float with exponent 2**1 whose mantissa holds a byte u in bits 15-22 is 2 + u / 128, exactly;
+a nibble n in bits 15-18 gives 2 + n / 128 and in bits 19-22 2 + n / 8. (Bit 23 is the exponent's
+low bit, so a byte cannot sit in bits 16-23.) On a GPU a shift moves each byte of a word to bits
+15-22 and one LOP3 masks it under the exponent (and can flip its sign bit), so a weight costs
+about two integer ops and one FFMA: sum(x u) = 128 (sum(x f) - 2 sum(x)), with sum(x) shared by a
+tile's rows. Under the interpreter (ASM false) integer ops give the same values.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def byte_floats(w, FLIP: tl.constexpr, ASM: tl.constexpr):
+    """int32 words of four bytes (byte i is element i) -> four fp32 tensors 2 + u_i / 128, u_i the
+    byte as unsigned, with its top bit flipped if FLIP (then u = q + 128 for an int8 q)."""
+    if ASM:
+        # lop3 0xEA: (a & m) | e. lop3 0x6A: m ? a ^ e : e, which also flips bit 22 (the byte's
+        # top bit) because e holds it.
+        if FLIP:
+            f0, f1, f2, f3 = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 a0, a1, a2, a3, m, e;
+                mov.b32 m, 0x007F8000;
+                mov.b32 e, 0x40400000;
+                shl.b32 a0, $4, 15;
+                shl.b32 a1, $4, 7;
+                shr.u32 a2, $4, 1;
+                shr.u32 a3, $4, 9;
+                lop3.b32 $0, a0, m, e, 0x6A;
+                lop3.b32 $1, a1, m, e, 0x6A;
+                lop3.b32 $2, a2, m, e, 0x6A;
+                lop3.b32 $3, a3, m, e, 0x6A;
+                }""",
+                constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.int32,) * 4, is_pure=True,
+                pack=1)
+        else:
+            f0, f1, f2, f3 = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 a0, a1, a2, a3, m, e;
+                mov.b32 m, 0x007F8000;
+                mov.b32 e, 0x40000000;
+                shl.b32 a0, $4, 15;
+                shl.b32 a1, $4, 7;
+                shr.u32 a2, $4, 1;
+                shr.u32 a3, $4, 9;
+                lop3.b32 $0, a0, m, e, 0xEA;
+                lop3.b32 $1, a1, m, e, 0xEA;
+                lop3.b32 $2, a2, m, e, 0xEA;
+                lop3.b32 $3, a3, m, e, 0xEA;
+                }""",
+                constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.int32,) * 4, is_pure=True,
+                pack=1)
+        f0 = f0.to(tl.float32, bitcast=True)
+        f1 = f1.to(tl.float32, bitcast=True)
+        f2 = f2.to(tl.float32, bitcast=True)
+        f3 = f3.to(tl.float32, bitcast=True)
+    else:
+        u = w.to(tl.uint32, bitcast=True)
+        if FLIP:
+            u = u ^ 0x80808080
+        f0 = (u & 0xFF).to(tl.float32) * 0.0078125 + 2.0
+        f1 = ((u >> 8) & 0xFF).to(tl.float32) * 0.0078125 + 2.0
+        f2 = ((u >> 16) & 0xFF).to(tl.float32) * 0.0078125 + 2.0
+        f3 = (u >> 24).to(tl.float32) * 0.0078125 + 2.0
+    return f0, f1, f2, f3
+
+
+@triton.jit
+def _nibble_float(w, i: tl.constexpr):
+    # the interpreter's value of nibble i: 2 + n / 128 (even i) or 2 + n / 8 (odd i)
+    n = ((w.to(tl.uint32, bitcast=True) >> (4 * i)) & 0xF).to(tl.float32)
+    return n * (0.0078125 if i % 2 == 0 else 0.125) + 2.0
+
+
+@triton.jit
+def nibble_floats(w, ASM: tl.constexpr):
+    """int32 words of eight nibbles (nibble i is element i) -> eight fp32 tensors: 2 + n_i / 128
+    for even i (bits 15-18 once its byte is in bits 15-22), 2 + n_i / 8 for odd i (bits 19-22).
+    Callers scale the odd elements' x by 1 / 16 to even them out."""
+    if ASM:
+        f0, f1, f2, f3, f4, f5, f6, f7 = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a0, a1, a2, a3, lo, hi, e;
+            mov.b32 lo, 0x00078000;
+            mov.b32 hi, 0x00780000;
+            mov.b32 e, 0x40000000;
+            shl.b32 a0, $8, 15;
+            shl.b32 a1, $8, 7;
+            shr.u32 a2, $8, 1;
+            shr.u32 a3, $8, 9;
+            lop3.b32 $0, a0, lo, e, 0xEA;
+            lop3.b32 $1, a0, hi, e, 0xEA;
+            lop3.b32 $2, a1, lo, e, 0xEA;
+            lop3.b32 $3, a1, hi, e, 0xEA;
+            lop3.b32 $4, a2, lo, e, 0xEA;
+            lop3.b32 $5, a2, hi, e, 0xEA;
+            lop3.b32 $6, a3, lo, e, 0xEA;
+            lop3.b32 $7, a3, hi, e, 0xEA;
+            }""",
+            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[w], dtype=(tl.int32,) * 8,
+            is_pure=True, pack=1)
+        return (f0.to(tl.float32, bitcast=True), f1.to(tl.float32, bitcast=True),
+                f2.to(tl.float32, bitcast=True), f3.to(tl.float32, bitcast=True),
+                f4.to(tl.float32, bitcast=True), f5.to(tl.float32, bitcast=True),
+                f6.to(tl.float32, bitcast=True), f7.to(tl.float32, bitcast=True))
+    return (_nibble_float(w, 0), _nibble_float(w, 1), _nibble_float(w, 2), _nibble_float(w, 3),
+            _nibble_float(w, 4), _nibble_float(w, 5), _nibble_float(w, 6), _nibble_float(w, 7))
+
+
+@triton.jit
+def bf16x4_floats(v):
+    """int64 words of four bf16 (element i in bits 16 i to 16 i + 15) -> four fp32 tensors: a
+    bf16 is the top half of its fp32."""
+    lo = v.to(tl.int32)
+    hi = (v >> 32).to(tl.int32)
+    return ((lo << 16).to(tl.float32, bitcast=True), (lo & -65536).to(tl.float32, bitcast=True),
+            (hi << 16).to(tl.float32, bitcast=True), (hi & -65536).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def load_x_words(x_ptr, first, mask):
+    """x values from index `first` on (4 apart where each word starts): for bf16 x the int64
+    word of four values that bf16x4_floats splits (one layout change a K step, not four);
+    otherwise the first value alone (x_floats loads the rest)."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        v = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + first // 4, mask=mask, other=0)
+    else:
+        v = tl.load(x_ptr + first, mask=mask, other=0)
+    return v
+
+
+@triton.jit
+def x_floats(v, x_ptr, first, mask):
+    """The four fp32 values x[first + i] for the words load_x_words gave."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        x0, x1, x2, x3 = bf16x4_floats(v)
+    else:
+        x0 = v.to(tl.float32)
+        x1 = tl.load(x_ptr + first + 1, mask=mask, other=0).to(tl.float32)
+        x2 = tl.load(x_ptr + first + 2, mask=mask, other=0).to(tl.float32)
+        x3 = tl.load(x_ptr + first + 3, mask=mask, other=0).to(tl.float32)
+    return x0, x1, x2, x3
