@@ -11,7 +11,7 @@
 #   decode  the issue-4 decode targets (0.6B and 8B); last: decode attention tests, then those
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
 #   qgemv   quantized GEMV tests, config sweep written to the tuned table, then quant; sweeptp
-#           the dense TP=2 shard shapes; q32 qgemv then tp32
+#           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 set -u
@@ -214,6 +214,21 @@ sweeptp)  # dense GEMV launch configs at the TP=2 shard shapes, written to the t
   timeout 240 python scripts/kernel_sweep.py --only dense --shapes tp2 --write-configs \
     --json "$OUT/sweep_tp2.json" 2>&1 | tee "$OUT/sweep_tp2.log" | grep -E "default|wrote|Error"
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  ;;
+qtp)  # this session's fourth call: quantized GEMV sweep with long-row tiles (written to the tuned
+  # table), the 8B quantized decode targets, then 8B TP=1 and TP=2 decode with the tuned shards
+  step "sweep q8_0, affine4 at 8B shapes (2-32 rows x 8-128 groups)"
+  timeout 300 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --write-configs \
+    --json "$OUT/sweep_quant2.json" 2>&1 | tee "$OUT/sweep_quant2.log" | grep -E -A1 "default|wrote|Error"
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  bash "$0" quant
+  for tp in 1 2; do
+    step "8B decode TP=$tp"
+    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
+      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
+      | grep -E "\| kipp" | tail -1
+  done
   ;;
 q32)  # this session's third call: the quantized GEMVs, then 32B TP=2 with the tuned shard configs
   bash "$0" qgemv

@@ -104,9 +104,9 @@ def q8(rows, shapes):
         d = (torch.rand(N, K // 32, device="cuda") * 0.01).half()
         ref = lambda x=x, qs=qs, d=d: qm.q8_0_matmul_ref(x, qs, d)  # noqa: E731
         grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
-                for bn, bg, s, nw in itertools.product((4, 8, 16, 32), (8, 16, 32), (1, 2, 4),
-                                                       (4, 8))
-                if K // 32 // s >= bg]
+                for bn, bg, s, nw in itertools.product((2, 4, 8, 16, 32), (8, 16, 32, 64, 128),
+                                                       (1, 2, 4), (4, 8))
+                if K // 32 // s >= bg and 128 <= bn * bg <= 512]
         sweep(rows, "q8_0", name, N * K * 34 // 32,
               qm.gemv_config(N, K // 32, x.device), grid,
               lambda c, x=x, qs=qs, d=d: (lambda: qm.q8_0_gemv(x, qs, d, c)), ref)
@@ -120,9 +120,9 @@ def affine4(rows, shapes):
         b = (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16()
         ref = lambda x=x, wq=wq, s=s, b=b: am.affine_matmul_ref(x, wq, s, b, 4, 32)  # noqa: E731
         grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=sp, num_warps=nw)
-                for bn, bg, sp, nw in itertools.product((4, 8, 16, 32), (8, 16, 32), (1, 2, 4),
-                                                        (4, 8))
-                if K // 32 // sp >= bg]
+                for bn, bg, sp, nw in itertools.product((2, 4, 8, 16, 32), (8, 16, 32, 64, 128),
+                                                        (1, 2, 4), (4, 8))
+                if K // 32 // sp >= bg and 128 <= bn * bg <= 1024]
         sweep(rows, "affine4", name, N * K // 2 + N * K // 32 * 4,
               am.gemv_config(N, K // 32, 32, x.device), grid,
               lambda c, x=x, wq=wq, s=s, b=b: (lambda: am.affine_gemv(x, wq, s, b, 4, 32, c)),

@@ -252,8 +252,9 @@ def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device,
 
 
 def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config."""
+                out: torch.Tensor | None = None, asm: bool | None = None) -> torch.Tensor:
+    """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
+    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
     N, K = wq.shape[0], x.shape[1]
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -266,7 +267,7 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
         N, num_groups, per_split,
         wq.stride(0), scales.stride(0), biases.stride(0),
         BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
-        SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl), ASM=not interpreting(),
+        SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl), ASM=not interpreting() if asm is None else asm,
         num_warps=cfg["num_warps"], **pdl,
     )
     return out

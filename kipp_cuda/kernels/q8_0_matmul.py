@@ -230,8 +230,9 @@ def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
 
 
 def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict | None = None,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config."""
+              out: torch.Tensor | None = None, asm: bool | None = None) -> torch.Tensor:
+    """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
+    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
     N, K = qs.shape
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -246,7 +247,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
         N, num_groups, per_split,
         qs.stride(0) // 4, d.stride(0),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
-        ASM=not interpreting(), num_warps=cfg["num_warps"], **pdl,
+        ASM=not interpreting() if asm is None else asm, num_warps=cfg["num_warps"], **pdl,
     )
     return out
 

@@ -151,6 +151,36 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj):
                   torch.bfloat16)
 
 
+def f32(N):
+    return torch.empty((1, N), dtype=torch.float32, device=DEV)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
+    """bits.py's inline-PTX conversion (shift + LOP3 into the float bits) against its plain
+    integer-op path in the same kernels on the GPU: the same exact fp32 values, so the same
+    sums. Odd shapes (masked rows and groups, split-K) and the 8B down shape."""
+    for N, K, split in ((781, 1856, 1), (5, 4096, 4), (4096, 12288, 2)):
+        w = (torch.randn(N, K, generator=gen(N)) * 0.02).numpy()
+        qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
+        x = randn(1, K, dtype=dtype, seed=K)
+        cfg = dict(BLOCK_N=8, BLOCK_G=16, SPLIT_K=split, num_warps=4)
+        # fp32 outputs whatever x is: the sums before any rounding to x's dtype
+        fast, plain = (qm.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
+        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
+        close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
+        for bits in (4, 8):
+            packed, s, b = quantize_affine(w, bits, 32)
+            args = (torch.from_numpy(packed.view(np.int32)).to(DEV),
+                    torch.from_numpy(s).to(DEV, torch.bfloat16),
+                    torch.from_numpy(b).to(DEV, torch.bfloat16), bits, 32)
+            fast, plain = (am.affine_gemv(x, *args, cfg, out=f32(N), asm=a)
+                           for a in (True, False))
+            torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
+            close(fast, am.affine_matmul_ref(x, *args), dtype)
+
+
 @pytest.mark.parametrize("N,K", [(1, 64), (37, 300), (1024, 96), (130, 2048)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_gemv(N, K, dtype):
