@@ -3,16 +3,18 @@
 qs: int8 [N, K]; d: fp16 [N, K / 32]; w[n, k] = qs[n, k] * d[n, k // 32] (ggml q8_0). Accumulation
 is fp32; the output has x's dtype. Two kernels, chosen by T:
 - T == 1 (decode of one sequence): `_q8_0_gemv_kernel`, a weight-streaming GEMV on CUDA cores. A
-  program owns BLOCK_N rows and reads them once in [BLOCK_N, BLOCK_G, 32] int8 tiles (16-byte
-  loads, the next tile's loads issued before this one's math), dequantizes exactly in fp32 and
-  applies each group's scale to its 32-element sum; split-K when the rows alone leave SMs idle.
+  program owns BLOCK_N rows and reads them once in [BLOCK_N, BLOCK_G, 8] tiles of int32 words
+  (16-byte loads, the next tile's loads issued before this one's math), turns each byte into an
+  exact fp32 with a shift and a LOP3 (bits.py), and applies each group's scale to its 32-element
+  sum; split-K when the rows alone leave SMs idle.
 - T > 1: `_q8_0_matmul_kernel`, tl.dot on tiles dequantized to the activation dtype (bf16 rounding
   of w, like bf16 weights). For T <= 16 a 16-row tile with split-K keeps the weights streaming
   (tensor cores make 2..16 tokens cost what one does); for prefill, 64/128/256-row tiles with
   grouped ordering for L2 reuse.
 Split-K partials are summed in a fixed order by the last program of each tile (a per-tile counter
 taken with an acq_rel atomic), so results are deterministic and need no second launch.
-int8 -> fp32 goes through the float bits of 2**23 (see int8_to_float), not the quarter-rate I2F.
+Neither kernel converts with the quarter-rate I2F: the tl.dot kernel goes through the float bits
+of 2**23 (int8_to_float), the GEMV through bits.py.
 """
 
 from __future__ import annotations
