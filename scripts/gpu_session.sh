@@ -40,6 +40,9 @@ targets() {  # the issue-4 decode targets: 0.6B (batch 1, throughput, prefix cac
 tp8() {  # the 8B TP gate (TP=2 vs TP=1 logits and greedy tokens), then TP=1 and TP=2 decode
   step "tp gate 8B"
   timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -4
+  tp8_decode
+}
+tp8_decode() {  # 8B batch-1 decode at TP=1 and TP=2
   for tp in 1 2; do
     step "8B decode TP=$tp"
     timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
@@ -222,13 +225,7 @@ qtp)  # this session's fourth call: quantized GEMV sweep with long-row tiles (wr
     --json "$OUT/sweep_quant2.json" 2>&1 | tee "$OUT/sweep_quant2.log" | grep -E -A1 "default|wrote|Error"
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
   bash "$0" quant
-  for tp in 1 2; do
-    step "8B decode TP=$tp"
-    timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-      --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
-      --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
-      | grep -E "\| kipp" | tail -1
-  done
+  tp8_decode
   ;;
 q32)  # this session's third call: the quantized GEMVs, then 32B TP=2 with the tuned shard configs
   bash "$0" qgemv
