@@ -4,7 +4,7 @@ wq: [N, K * bits / 32] uint32 words (held as int32), element j of a row at bits 
 word j // per, per = 32 / bits (LSB first); scales, biases: [N, K / group_size] in any float dtype;
 w = scales * q + biases per group, and scales may be negative. bits 4 or 8, group_size 32/64/128.
 Same two kernels as q8_0_matmul (which documents the design): a CUDA-core GEMV for T == 1 that uses
-sum_g(x * w) = s * sum_g(x * q) + b * sum_g(x), with q made exact fp32 by bits.py (one PRMT or
+sum_g(x * w) = s * sum_g(x * q) + b * sum_g(x), with q made exact fp32 by bits.py (a shift and a
 LOP3 a value), and tl.dot for T > 1 on tiles dequantized to the activation dtype, with split-K for
 T <= 16.
 """
@@ -16,7 +16,13 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import byte_floats, load_x_words, nibble_floats, x_floats
+from kipp_cuda.kernels.bits import (
+    aligned_x,
+    byte_floats,
+    load_x_words,
+    nibble_floats,
+    x_floats,
+)
 from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     gemv_launch,
@@ -260,6 +266,7 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
     cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
+    x = aligned_x(x)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](

@@ -11,8 +11,15 @@ tile's rows. Under the interpreter (ASM false) integer ops give the same values.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def aligned_x(x: torch.Tensor) -> torch.Tensor:
+    """x as the GEMVs read it: bf16 four values at a time as int64 words (load_x_words), so its
+    start must be 8-byte aligned; a view that is not is copied."""
+    return x.clone() if x.dtype == torch.bfloat16 and x.data_ptr() % 8 else x
 
 
 @triton.jit

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import byte_floats, load_x_words, x_floats
+from kipp_cuda.kernels.bits import aligned_x, byte_floats, load_x_words, x_floats
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -243,7 +243,8 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
     cfg = config or gemv_config(N, num_groups, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     if qs.stride(0) % 4 or qs.storage_offset() % 4:  # the kernel reads rows as int32 words
-        qs = qs.contiguous()
+        qs = qs.clone()
+    x = aligned_x(x)
     pdl = launch_kwargs(x.device)
     _q8_0_gemv_kernel[grid](
         x, qs.view(torch.int32), d, out, part, locks,

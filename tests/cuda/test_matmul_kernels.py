@@ -151,6 +151,22 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj):
                   torch.bfloat16)
 
 
+def test_quantized_gemv_takes_unaligned_views():
+    """The GEMVs read bf16 x as int64 words and qs as int32 words: views that start off those
+    alignments (a 2-byte offset into x, a 1-byte offset into qs) are copied, not misread."""
+    N, K = 13, 128
+    qs, d, _ = q8_weights(N, K, seed=9)
+    x = randn(1, K + 1, dtype=torch.bfloat16, seed=10)[:, 1:]
+    assert x.data_ptr() % 8
+    qs_view = torch.zeros(N * K + 1, dtype=torch.int8, device=DEV)[1:].view(N, K)
+    qs_view.copy_(qs)
+    want = qm.q8_0_matmul_ref(x, qs, d)
+    close(run(qm.q8_0_gemv, x, qs_view, d), want, torch.bfloat16)
+    wq, s, b, _ = affine_weights(N, K, 4, 32, seed=11, sdtype=torch.bfloat16)
+    close(run(am.affine_gemv, x, wq, s, b, 4, 32), am.affine_matmul_ref(x, wq, s, b, 4, 32),
+          torch.bfloat16)
+
+
 def f32(N):
     return torch.empty((1, N), dtype=torch.float32, device=DEV)
 
