@@ -57,6 +57,7 @@ check)
   step env
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   python -c "import torch, triton, transformers, numpy; print(torch.__version__, triton.__version__, transformers.__version__, numpy.__version__)"
+  echo "profilers: $(command -v ncu nsys || echo none on PATH)"
   step kernel and backend tests on the GPU
   timeout 240 python -m pytest -q -p no:cacheprovider --timeout 150 -k gpu tests/cuda 2>&1 \
     | tee "$OUT/tests_cuda.log" | grep -E "passed|failed|FAIL|Error" | tail -15
