@@ -10,6 +10,8 @@
 #           tp32 the 32B TP=2 decode
 #   decode  the issue-4 decode targets (0.6B and 8B); last: decode attention tests, then those
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
+#   qgemv2  quantized GEMV tests, 0.6B/8B config sweep written to the tuned table, 8B bf16/q8_0/
+#           affine4 decode
 #   qgemv   quantized GEMV tests, config sweep written to the tuned table, then quant; sweeptp
 #           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
@@ -231,6 +233,24 @@ qtp)  # this session's fourth call: quantized GEMV sweep with long-row tiles (wr
 q32)  # this session's third call: the quantized GEMVs, then 32B TP=2 with the tuned shard configs
   bash "$0" qgemv
   bash "$0" tp32
+  ;;
+qgemv2)  # sixth session: the quantized GEMVs' per-thread (row, group) tiles: GPU tests, sweep at
+  # the 0.6B and 8B shapes written to the tuned table, then 8B bf16, q8_0 and affine4 decode
+  step "matmul kernel tests and PDL/graph decode on the GPU"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_matmul_kernels.py \
+    tests/cuda/test_backend.py -k "gpu and (quantized or pdl)" 2>&1 | tee "$OUT/tests_qgemv.log" \
+    | grep -E "passed|failed|FAIL|Error" | tail -8
+  step "sweep q8_0, affine4 at 0.6B and 8B shapes"
+  timeout 240 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "0.6B,8B " --write-configs \
+    --json "$OUT/sweep_quant3.json" 2>&1 | tee "$OUT/sweep_quant3.log" | grep -E -A1 "default|wrote|Error" | cut -c1-110
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  for q in none q8_0 affine4; do
+    step "8B $q, batch 1"
+    qa=""; [ "$q" != none ] && qa="--quant $q"
+    timeout 100 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8_$q.json" 2>&1 | grep -E "\| kipp" | tail -1
+  done
   ;;
 quant)
   for q in q8_0 affine4; do

@@ -97,16 +97,21 @@ def dense(rows, shapes):
               lambda c, x=x, w=w: (lambda: dg._dense_gemv_op(x, w, config=c)), ref)
 
 
+def quant_grid(K: int, per_thread: tuple[int, ...]) -> list[dict]:
+    """Quantized GEMV tiles: a thread holds BLOCK_N * BLOCK_G / (32 num_warps) (row, group)
+    elements, 32 bytes each for q8_0, 16 for affine4."""
+    return [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
+            for bn, bg, s, nw in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2), (4, 8))
+            if bn * bg // (32 * nw) in per_thread and K // 32 // s >= bg]
+
+
 def q8(rows, shapes):
     for name, (N, K) in shapes.items():
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         qs = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda")
         d = (torch.rand(N, K // 32, device="cuda") * 0.01).half()
         ref = lambda x=x, qs=qs, d=d: qm.q8_0_matmul_ref(x, qs, d)  # noqa: E731
-        grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
-                for bn, bg, s, nw in itertools.product((2, 4, 8, 16, 32), (8, 16, 32, 64, 128),
-                                                       (1, 2, 4), (4, 8))
-                if K // 32 // s >= bg and 128 <= bn * bg <= 512]
+        grid = quant_grid(K, (2, 4, 8))
         sweep(rows, "q8_0", name, N * K * 34 // 32,
               qm.gemv_config(N, K // 32, x.device), grid,
               lambda c, x=x, qs=qs, d=d: (lambda: qm.q8_0_gemv(x, qs, d, c)), ref)
@@ -119,10 +124,7 @@ def affine4(rows, shapes):
         s = (torch.rand(N, K // 32, device="cuda") * 0.01).bfloat16()
         b = (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16()
         ref = lambda x=x, wq=wq, s=s, b=b: am.affine_matmul_ref(x, wq, s, b, 4, 32)  # noqa: E731
-        grid = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=sp, num_warps=nw)
-                for bn, bg, sp, nw in itertools.product((2, 4, 8, 16, 32), (8, 16, 32, 64, 128),
-                                                        (1, 2, 4), (4, 8))
-                if K // 32 // sp >= bg and 128 <= bn * bg <= 1024]
+        grid = quant_grid(K, (2, 4, 8, 16))
         sweep(rows, "affine4", name, N * K // 2 + N * K // 32 * 4,
               am.gemv_config(N, K // 32, 32, x.device), grid,
               lambda c, x=x, wq=wq, s=s, b=b: (lambda: am.affine_gemv(x, wq, s, b, 4, 32, c)),
@@ -286,7 +288,7 @@ def small(rows):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--only", default="small,attn,dense,q8_0,affine4")
-    p.add_argument("--shapes", default="")
+    p.add_argument("--shapes", default="", help="comma-separated name substrings, e.g. '0.6B,8B '")
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="attn: only the default split count")
     p.add_argument("--write-configs", action="store_true",
@@ -296,7 +298,8 @@ def main() -> None:
     QUICK = args.quick
     torch.manual_seed(0)
     triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
-    shapes = {k: v for k, v in SHAPES.items() if not args.shapes or args.shapes in k}
+    picks = args.shapes.split(",")  # any of these substrings; "" takes every shape
+    shapes = {k: v for k, v in SHAPES.items() if any(p in k for p in picks)}
     rows: list = []
     only = args.only.split(",")
     for name, fn in (("small", lambda: small(rows)), ("attn", lambda: attn(rows)),

@@ -19,9 +19,11 @@ from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.bits import (
     aligned_x,
     byte_floats,
-    load_x_words,
+    load_scalar,
+    load_words,
+    load_x8,
     nibble_floats,
-    x_floats,
+    sum8,
 )
 from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
@@ -74,25 +76,13 @@ def unpack_words(words, BITS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
 
 
 @triton.jit
-def _affine_gemv_weights(w_rows, s_rows, b_rows, g0, g_end, n_mask, rg, wo,
-                         WPG: tl.constexpr):
-    # Words [BLOCK_N, BLOCK_G, WPG], scales and biases [BLOCK_N, BLOCK_G] at group g0; groups at
-    # or past g_end (and rows past N) read nothing.
-    m2 = n_mask[:, None] & (g0 + rg < g_end)[None, :]
-    words = tl.load(w_rows + g0 * WPG + wo[None, :, :], mask=m2[:, :, None], other=0)
-    s = tl.load(s_rows + g0 + rg[None, :], mask=m2, other=0)
-    b = tl.load(b_rows + g0 + rg[None, :], mask=m2, other=0)
-    return words, s, b
-
-
-@triton.jit
-def _affine_gemv_x(x_ptr, g0, g_end, rg, xo, GROUP: tl.constexpr, BITS: tl.constexpr):
-    # x of the words at group g0, as load_x_words gives it: values 0-3 of each word's 32 / BITS,
-    # and for 4 bits values 4-7.
-    m = (g0 + rg < g_end)[:, None]
-    lo = load_x_words(x_ptr, g0 * GROUP + xo, m)
-    hi = load_x_words(x_ptr, g0 * GROUP + xo + 4, m) if BITS == 4 else lo
-    return lo, hi
+def _affine_gemv_tile(w_rows, s_rows, b_rows, g, WPG: tl.constexpr, ASM: tl.constexpr):
+    # Group g of each row: its WPG int32 words (16-byte loads), scale and bias.
+    w = w_rows + g[None, :] * WPG
+    words = load_words(w, ASM)
+    for i in tl.static_range(1, WPG // 4):
+        words = words + load_words(w + 4 * i, ASM)
+    return words, load_scalar(s_rows + g[None, :], ASM), load_scalar(b_rows + g[None, :], ASM)
 
 
 @triton.jit
@@ -103,56 +93,59 @@ def _affine_gemv_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
 ):
-    # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, WPG] words.
-    # Per group, sum(x w) = s sum(x q) + b sum(x), and with bits.py's f (2 + q / 128, or 2 + q / 8
-    # for odd nibbles, whose x is taken / 16): sum(x q) = 128 (sum(x f) - 2 sum(x)).
+    # One token (x: [K]). The tile layout of q8_0_matmul's GEMV: element (n, g) is group g of
+    # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
+    # b sum(x), and with bits.py's f (2 + q / 128, or 2 + q / 8 for odd nibbles, whose x is
+    # taken / 16): sum(x q) = 128 (sum(x f) - 2 sum(x')), x' the x so scaled.
     pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
-    PER: tl.constexpr = 32 // BITS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rg = tl.arange(0, BLOCK_G)
-    rw = tl.arange(0, WPG)
-    n_mask = rn < N
-    rn64 = rn.to(tl.int64)
-    wo = rg[:, None] * WPG + rw[None, :]  # [BLOCK_G, WPG] word offsets in the tile
-    xo = rg[:, None] * GROUP + rw[None, :] * PER  # index of each word's first x
-    w_rows = wq_ptr + rn64[:, None, None] * stride_wn
-    s_rows = s_ptr + rn64[:, None] * stride_sn
-    b_rows = b_ptr + rn64[:, None] * stride_bn
-    acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+    rows = tl.minimum(rn, N - 1).to(tl.int64)
+    w_rows = wq_ptr + rows[:, None] * stride_wn
+    s_rows = s_ptr + rows[:, None] * stride_sn
+    b_rows = b_ptr + rows[:, None] * stride_bn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    words, s, b = _affine_gemv_weights(w_rows, s_rows, b_rows, g_start, g_end, n_mask, rg, wo,
-                                       WPG)
+    w, s, b = _affine_gemv_tile(w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1),
+                                WPG, ASM)
+    acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    xlo, xhi = _affine_gemv_x(x_ptr, g_start, g_end, rg, xo, GROUP, BITS)
     for g0 in range(g_start, g_end, BLOCK_G):
         # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nw, ns, nb = _affine_gemv_weights(w_rows, s_rows, b_rows, g0 + BLOCK_G, g_end, n_mask,
-                                          rg, wo, WPG)
-        nxlo, nxhi = _affine_gemv_x(x_ptr, g0 + BLOCK_G, g_end, rg, xo, GROUP, BITS)
-        m = (g0 + rg < g_end)[:, None]
-        x0, x1, x2, x3 = x_floats(xlo, x_ptr, g0 * GROUP + xo, m)
-        if BITS == 4:
-            x4, x5, x6, x7 = x_floats(xhi, x_ptr, g0 * GROUP + xo + 4, m)
-            f0, f1, f2, f3, f4, f5, f6, f7 = nibble_floats(words, ASM)
-            x1, x3, x5, x7 = x1 * 0.0625, x3 * 0.0625, x5 * 0.0625, x7 * 0.0625
-            xf = (f0 * x0[None] + f1 * x1[None] + f2 * x2[None] + f3 * x3[None]
-                  + f4 * x4[None] + f5 * x5[None] + f6 * x6[None] + f7 * x7[None])
-            x_even = x0 + x2 + x4 + x6
-            x_odd = x1 + x3 + x5 + x7  # taken / 16
-            x_scaled = tl.sum(x_even + x_odd, axis=1)
-            x_sum = tl.sum(x_even + 16.0 * x_odd, axis=1)
-        else:
-            f0, f1, f2, f3 = byte_floats(words, False, ASM)
-            xf = f0 * x0[None] + f1 * x1[None] + f2 * x2[None] + f3 * x3[None]
-            x_sum = tl.sum(x0 + x1 + x2 + x3, axis=1)
+        nw, ns, nb = _affine_gemv_tile(w_rows, s_rows, b_rows,
+                                       tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM)
+        g = tl.minimum(g0 + rg, g_end - 1)
+        xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+        x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+        x_scaled = tl.zeros([BLOCK_G], dtype=tl.float32)
+        for c in tl.static_range(GROUP // 8):  # 8 values of x at a time
+            x = load_x8(x_ptr, g * GROUP + 8 * c, ASM)
+            if BITS == 4:  # one word: nibbles 2c..2c+7 of the group
+                f = nibble_floats(w[c], ASM)
+                x1, x3, x5, x7 = x[1] * 0.0625, x[3] * 0.0625, x[5] * 0.0625, x[7] * 0.0625
+                x_even = (x[0] + x[2]) + (x[4] + x[6])
+                x_odd = (x1 + x3) + (x5 + x7)  # taken / 16
+                x_sum += x_even + 16.0 * x_odd
+                x_scaled += x_even + x_odd
+                xf += (f[0] * x[0][None, :] + f[1] * x1[None, :] + f[2] * x[2][None, :]
+                       + f[3] * x3[None, :] + f[4] * x[4][None, :] + f[5] * x5[None, :]
+                       + f[6] * x[6][None, :] + f[7] * x7[None, :])
+            else:  # two words of four bytes
+                f0, f1, f2, f3 = byte_floats(w[2 * c], False, ASM)
+                f4, f5, f6, f7 = byte_floats(w[2 * c + 1], False, ASM)
+                x_sum += sum8(x)
+                xf += (f0 * x[0][None, :] + f1 * x[1][None, :] + f2 * x[2][None, :]
+                       + f3 * x[3][None, :] + f4 * x[4][None, :] + f5 * x[5][None, :]
+                       + f6 * x[6][None, :] + f7 * x[7][None, :])
+        if BITS == 8:
             x_scaled = x_sum
-        xq = (tl.sum(xf, axis=2) - 2.0 * x_scaled[None, :]) * 128.0
-        acc += xq * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
-        words, s, b, xlo, xhi = nw, ns, nb, nxlo, nxhi
+        xq = (xf - 2.0 * x_scaled[None, :]) * 128.0
+        part = xq * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
+        acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
+        w, s, b = nw, ns, nb
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
                1, BLOCK_N, SPLIT_K)
@@ -242,17 +235,17 @@ def _check(x, wq, scales, biases, bits, group_size) -> None:
 def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device,
                 bits: int = 4) -> dict:
     """BLOCK_N rows x BLOCK_G groups a K step, the next step's loads in flight during this one's
-    math. From the H200 sweep in CUDA graphs (scripts/kernel_sweep.py): 16 rows x 16 groups, or
-    4 rows x 32 groups when N is small."""
+    math: 16 rows x 2 KB of each row's words (64 groups of 32 at 4 bits), 4 rows when N is
+    small. Tuned shapes (scripts/kernel_sweep.py, group size 32) skip this."""
     tuned = None if interpreting() else tuned_config(f"affine{bits}", N, num_groups * group_size)
     if tuned is not None and group_size == 32:
         return tuned
-    bn, bg = 16, 16
+    bn, bg = 16, 2048 // (group_size * bits // 8)
     if interpreting():  # few, large programs keep the CPU interpreter quick
-        bn = gemv_rows(N, device)
+        bn, bg = gemv_rows(N, device), 16
     elif triton.cdiv(N, bn) < num_sms(device):
-        bn, bg = 4, 32
-    bg = min(bg, triton.next_power_of_2(num_groups), max(1, 1024 // group_size))
+        bn = 4
+    bg = min(bg, triton.next_power_of_2(num_groups))
     split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
 
@@ -267,6 +260,8 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
     num_groups = K // group_size
     cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
     x = aligned_x(x)
+    if wq.stride(0) % 4 or wq.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
+        wq = wq.clone()
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](

@@ -17,9 +17,9 @@ import triton.language as tl
 
 
 def aligned_x(x: torch.Tensor) -> torch.Tensor:
-    """x as the GEMVs read it: bf16 four values at a time as int64 words (load_x_words), so its
-    start must be 8-byte aligned; a view that is not is copied."""
-    return x.clone() if x.dtype == torch.bfloat16 and x.data_ptr() % 8 else x
+    """x as the GEMVs read it: 16 bytes at a time from the start of each quantization group
+    (load_x8), so its start must be 16-byte aligned; a view that is not is copied."""
+    return x.clone() if x.data_ptr() % 16 else x
 
 
 @triton.jit
@@ -121,35 +121,84 @@ def nibble_floats(w, ASM: tl.constexpr):
 
 
 @triton.jit
-def bf16x4_floats(v):
-    """int64 words of four bf16 (element i in bits 16 i to 16 i + 15) -> four fp32 tensors: a
-    bf16 is the top half of its fp32."""
-    lo = v.to(tl.int32)
-    hi = (v >> 32).to(tl.int32)
-    return ((lo << 16).to(tl.float32, bitcast=True), (lo & -65536).to(tl.float32, bitcast=True),
-            (hi << 16).to(tl.float32, bitcast=True), (hi & -65536).to(tl.float32, bitcast=True))
+def load_words(ptr, ASM: tl.constexpr):
+    """The 16 bytes at each int32 pointer (16-byte aligned) as four int32 tensors, one vector load
+    a pointer, through the read-only path (weights). Inline PTX rather than tl.load: a tl.load's
+    layout follows its memory contiguity, and the tile's math would follow it into layout changes
+    through shared memory; an asm load keeps each element's words in the thread that owns it."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,l",
+            args=[ptr], dtype=(tl.int32,) * 4, is_pure=False, pack=1)
+    return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
 
 
 @triton.jit
-def load_x_words(x_ptr, first, mask):
-    """x values from index `first` on (4 apart where each word starts): for bf16 x the int64
-    word of four values that bf16x4_floats splits (one layout change a K step, not four);
-    otherwise the first value alone (x_floats loads the rest)."""
-    if x_ptr.dtype.element_ty == tl.bfloat16:
-        v = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + first // 4, mask=mask, other=0)
-    else:
-        v = tl.load(x_ptr + first, mask=mask, other=0)
-    return v
+def load_scalar(ptr, ASM: tl.constexpr):
+    """One 16- or 32-bit float a pointer (group scales and biases), layout-neutral like
+    load_words."""
+    if ASM:
+        ty = ptr.dtype.element_ty
+        if ty.primitive_bitwidth == 16:
+            v = tl.inline_asm_elementwise(
+                asm="ld.global.nc.b16 $0, [$1];", constraints="=h,l", args=[ptr],
+                dtype=tl.int16, is_pure=False, pack=1)
+        else:
+            v = tl.inline_asm_elementwise(
+                asm="ld.global.nc.b32 $0, [$1];", constraints="=r,l", args=[ptr],
+                dtype=tl.int32, is_pure=False, pack=1)
+        return v.to(ty, bitcast=True)
+    return tl.load(ptr)
 
 
 @triton.jit
-def x_floats(v, x_ptr, first, mask):
-    """The four fp32 values x[first + i] for the words load_x_words gave."""
-    if x_ptr.dtype.element_ty == tl.bfloat16:
-        x0, x1, x2, x3 = bf16x4_floats(v)
-    else:
-        x0 = v.to(tl.float32)
-        x1 = tl.load(x_ptr + first + 1, mask=mask, other=0).to(tl.float32)
-        x2 = tl.load(x_ptr + first + 2, mask=mask, other=0).to(tl.float32)
-        x3 = tl.load(x_ptr + first + 3, mask=mask, other=0).to(tl.float32)
-    return x0, x1, x2, x3
+def _x_words(ptr, ASM: tl.constexpr):
+    # 16 bytes of x at each int32 pointer: coherent loads, x is the previous kernel's output
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,l",
+            args=[ptr], dtype=(tl.int32,) * 4, is_pure=False, pack=1)
+    return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
+
+
+@triton.jit
+def _half_floats(w, BF16: tl.constexpr):
+    # an int32 word of two 16-bit floats -> (low, high) as fp32; a bf16 is the top half of its fp32
+    if BF16:
+        return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+    lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def load_x8(x_ptr, first, ASM: tl.constexpr):
+    """x[first + i] for i < 8 as eight fp32 tensors (first a multiple of 8 at each element): one
+    16-byte load for bf16/fp16 x, two for fp32. Under the interpreter, eight plain loads."""
+    if not ASM:
+        return (tl.load(x_ptr + first).to(tl.float32), tl.load(x_ptr + first + 1).to(tl.float32),
+                tl.load(x_ptr + first + 2).to(tl.float32),
+                tl.load(x_ptr + first + 3).to(tl.float32),
+                tl.load(x_ptr + first + 4).to(tl.float32),
+                tl.load(x_ptr + first + 5).to(tl.float32),
+                tl.load(x_ptr + first + 6).to(tl.float32),
+                tl.load(x_ptr + first + 7).to(tl.float32))
+    words = (x_ptr + first).to(tl.pointer_type(tl.int32))
+    a, b, c, d = _x_words(words, ASM)
+    if x_ptr.dtype.element_ty == tl.float32:
+        e, f, g, h = _x_words(words + 4, ASM)
+        return (a.to(tl.float32, bitcast=True), b.to(tl.float32, bitcast=True),
+                c.to(tl.float32, bitcast=True), d.to(tl.float32, bitcast=True),
+                e.to(tl.float32, bitcast=True), f.to(tl.float32, bitcast=True),
+                g.to(tl.float32, bitcast=True), h.to(tl.float32, bitcast=True))
+    BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+    x0, x1 = _half_floats(a, BF16)
+    x2, x3 = _half_floats(b, BF16)
+    x4, x5 = _half_floats(c, BF16)
+    x6, x7 = _half_floats(d, BF16)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def sum8(x):
+    return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import aligned_x, byte_floats, load_x_words, x_floats
+from kipp_cuda.kernels.bits import aligned_x, byte_floats, load_scalar, load_words, load_x8, sum8
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -57,14 +57,12 @@ def int8_to_float(b):
 
 
 @triton.jit
-def _q8_0_gemv_weights(qw_rows, d_rows, g0, g_end, n_mask, rg, wo):
-    # [BLOCK_N, BLOCK_G, 8] words (4 values each) and their scales [BLOCK_N, BLOCK_G] at group
-    # g0; groups at or past g_end (and rows past N) read nothing.
-    g_mask = g0 + rg < g_end
-    w = tl.load(qw_rows + g0 * 8 + wo[None, :, :],
-                mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
-    d = tl.load(d_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
-    return w, d
+def _q8_0_gemv_tile(w_rows, d_rows, g, ASM: tl.constexpr):
+    # Group g of each row: its 8 int32 words (32 int8, two 16-byte loads) and fp16 scale.
+    w = w_rows + g[None, :] * 8
+    a = load_words(w, ASM)
+    b = load_words(w + 4, ASM)
+    return a + b, load_scalar(d_rows + g[None, :], ASM)
 
 
 @triton.jit
@@ -75,37 +73,41 @@ def _q8_0_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    # One token (x: [K]). Program (row block, K split); the tile is [BLOCK_N, BLOCK_G, 8] int32
-    # words of qs (stride_qn counts words).
+    # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
+    # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
+    # layout change; a thread's elements share groups, so their x is loaded and summed once.
+    # Rows past N read row N - 1 and groups past the split read its last group (masked out).
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rg = tl.arange(0, BLOCK_G)
-    rw = tl.arange(0, 8)
-    n_mask = rn < N
-    rn64 = rn.to(tl.int64)
-    qw_rows = qw_ptr + rn64[:, None, None] * stride_qn
-    d_rows = d_ptr + rn64[:, None] * stride_dn
-    wo = rg[:, None] * 8 + rw[None, :]  # [BLOCK_G, 8] word offsets in the tile
-    xo = rg[:, None] * 32 + rw[None, :] * 4  # [BLOCK_G, 8] index of each word's first x
-    acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+    rows = tl.minimum(rn, N - 1).to(tl.int64)
+    w_rows = qw_ptr + rows[:, None] * stride_qn
+    d_rows = d_ptr + rows[:, None] * stride_dn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    w, d = _q8_0_gemv_weights(qw_rows, d_rows, g_start, g_end, n_mask, rg, wo)
+    w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
+    acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    xv = load_x_words(x_ptr, g_start * 32 + xo, (g_start + rg < g_end)[:, None])
     for g0 in range(g_start, g_end, BLOCK_G):
         # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nw, nd = _q8_0_gemv_weights(qw_rows, d_rows, g0 + BLOCK_G, g_end, n_mask, rg, wo)
-        nxv = load_x_words(x_ptr, (g0 + BLOCK_G) * 32 + xo, (g0 + BLOCK_G + rg < g_end)[:, None])
-        x0, x1, x2, x3 = x_floats(xv, x_ptr, g0 * 32 + xo, (g0 + rg < g_end)[:, None])
+        nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
+        g = tl.minimum(g0 + rg, g_end - 1)
+        xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+        x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+        for j in tl.static_range(4):  # 8 values of x and 2 words at a time
+            x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
+            x_sum += sum8(x)
+            f0, f1, f2, f3 = byte_floats(w[2 * j], True, ASM)
+            f4, f5, f6, f7 = byte_floats(w[2 * j + 1], True, ASM)
+            xf += (f0 * x[0][None, :] + f1 * x[1][None, :] + f2 * x[2][None, :]
+                   + f3 * x[3][None, :] + f4 * x[4][None, :] + f5 * x[5][None, :]
+                   + f6 * x[6][None, :] + f7 * x[7][None, :])
         # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
-        f0, f1, f2, f3 = byte_floats(w, True, ASM)
-        xf = f0 * x0[None] + f1 * x1[None] + f2 * x2[None] + f3 * x3[None]
-        x_sum = tl.sum(x0 + x1 + x2 + x3, axis=1)
-        acc += (tl.sum(xf, axis=2) - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
-        w, d, xv = nw, nd, nxv
+        part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
+        acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
+        w, d = nw, nd
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
                1, BLOCK_N, SPLIT_K)
@@ -216,13 +218,12 @@ def gemv_rows(N: int, device: torch.device) -> int:
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
     """BLOCK_N rows x BLOCK_G groups a K step, the next step's loads in flight during this one's
-    math. From the H200 sweeps in CUDA graphs (scripts/kernel_sweep.py, sweep_quant2.log): 16 rows
-    x 16 groups (the fastest single config over the 8B shapes: 309 us summed, 8 x 32 324), 4 rows
-    when N is small."""
+    math: 16 x 32 (four 32-byte elements a thread at 4 warps), 4 rows when N is small. Shapes in
+    the tuned table (scripts/kernel_sweep.py) skip this."""
     tuned = None if interpreting() else tuned_config("q8_0", N, num_groups * QK8_0)
     if tuned is not None:
         return tuned
-    bn, bg = 16, 16
+    bn, bg = 16, 32
     if interpreting():  # few, large programs keep the CPU interpreter quick
         bn, bg = 32, 16
     elif triton.cdiv(N, bn) < num_sms(device):
@@ -242,7 +243,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
     num_groups = K // QK8_0
     cfg = config or gemv_config(N, num_groups, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
-    if qs.stride(0) % 4 or qs.storage_offset() % 4:  # the kernel reads rows as int32 words
+    if qs.stride(0) % 16 or qs.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         qs = qs.clone()
     x = aligned_x(x)
     pdl = launch_kwargs(x.device)

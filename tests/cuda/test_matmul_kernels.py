@@ -152,8 +152,9 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj):
 
 
 def test_quantized_gemv_takes_unaligned_views():
-    """The GEMVs read bf16 x as int64 words and qs as int32 words: views that start off those
-    alignments (a 2-byte offset into x, a 1-byte offset into qs) are copied, not misread."""
+    """The GEMVs read x and the weight rows 16 bytes at a time: views that start off that
+    alignment (a 2-byte offset into x, a 1-byte offset into qs, a word into wq) are copied, not
+    misread."""
     N, K = 13, 128
     qs, d, _ = q8_weights(N, K, seed=9)
     x = randn(1, K + 1, dtype=torch.bfloat16, seed=10)[:, 1:]
@@ -163,7 +164,9 @@ def test_quantized_gemv_takes_unaligned_views():
     want = qm.q8_0_matmul_ref(x, qs, d)
     close(run(qm.q8_0_gemv, x, qs_view, d), want, torch.bfloat16)
     wq, s, b, _ = affine_weights(N, K, 4, 32, seed=11, sdtype=torch.bfloat16)
-    close(run(am.affine_gemv, x, wq, s, b, 4, 32), am.affine_matmul_ref(x, wq, s, b, 4, 32),
+    wq_view = torch.zeros(N * K // 8 + 1, dtype=torch.int32, device=DEV)[1:].view(N, K // 8)
+    wq_view.copy_(wq)
+    close(run(am.affine_gemv, x, wq_view, s, b, 4, 32), am.affine_matmul_ref(x, wq, s, b, 4, 32),
           torch.bfloat16)
 
 
@@ -172,12 +175,14 @@ def f32(N):
 
 
 @gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
 def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
-    """bits.py's inline-PTX conversion (shift + LOP3 into the float bits) against its plain
-    integer-op path in the same kernels on the GPU: the same exact fp32 values, so the same
-    sums. Odd shapes (masked rows and groups, split-K) and the 8B down shape."""
-    for N, K, split in ((781, 1856, 1), (5, 4096, 4), (4096, 12288, 2)):
+    """bits.py's inline PTX (16-byte vector loads; shift + LOP3 into the float bits) against its
+    plain path (tl.load, integer ops) in the same kernels on the GPU: the same exact fp32
+    values, so the same sums. Odd shapes (masked rows and groups, split-K), the 8B down shape,
+    fp32, bf16 and fp16 x, and group sizes 32 and 128."""
+    for N, K, split in ((781, 1920, 1), (5, 4096, 4), (4096, 12288, 2)):
         w = (torch.randn(N, K, generator=gen(N)) * 0.02).numpy()
         qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
         x = randn(1, K, dtype=dtype, seed=K)
@@ -186,11 +191,11 @@ def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
         fast, plain = (qm.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
         torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
         close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
-        for bits in (4, 8):
-            packed, s, b = quantize_affine(w, bits, 32)
+        for bits, gs in ((4, 32), (8, 32), (4, 128)):
+            packed, s, b = quantize_affine(w, bits, gs)
             args = (torch.from_numpy(packed.view(np.int32)).to(DEV),
                     torch.from_numpy(s).to(DEV, torch.bfloat16),
-                    torch.from_numpy(b).to(DEV, torch.bfloat16), bits, 32)
+                    torch.from_numpy(b).to(DEV, torch.bfloat16), bits, gs)
             fast, plain = (am.affine_gemv(x, *args, cfg, out=f32(N), asm=a)
                            for a in (True, False))
             torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
