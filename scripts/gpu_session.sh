@@ -11,7 +11,7 @@
 #   decode  the issue-4 decode targets (0.6B and 8B); last: decode attention tests, then those
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
 #   qgemv2  quantized GEMV tests, 0.6B/8B config sweep written to the tuned table, 8B bf16/q8_0/
-#           affine4 decode
+#           affine4 decode; qgemv3 the same at 8B with prefetch and register-cap variants
 #   qgemv   quantized GEMV tests, config sweep written to the tuned table, then quant; sweeptp
 #           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
@@ -251,6 +251,17 @@ qgemv2)  # sixth session: the quantized GEMVs' per-thread (row, group) tiles: GP
       --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
       --json "$OUT/b8_$q.json" 2>&1 | grep -E "\| kipp" | tail -1
   done
+  ;;
+qgemv3)  # sixth session: the quantized GEMVs' prefetch and register-cap variants at the 8B shapes
+  # (written to the tuned table), then 8B q8_0 and affine4 decode
+  step "quantized GEMV tests on the GPU"
+  timeout 150 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda/test_matmul_kernels.py \
+    -k "gpu and quantized" 2>&1 | tee "$OUT/tests_qgemv3.log" | grep -E "passed|failed|FAIL|Error" | tail -6
+  step "sweep q8_0, affine4 at 8B shapes (PREFETCH, maxnreg)"
+  timeout 300 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --write-configs \
+    --json "$OUT/sweep_quant4.json" 2>&1 | tee "$OUT/sweep_quant4.log" | grep -E -A1 "default|wrote|Error" | cut -c1-150
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  bash "$0" quant
   ;;
 quant)
   for q in q8_0 affine4; do

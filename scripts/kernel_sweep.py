@@ -97,12 +97,15 @@ def dense(rows, shapes):
               lambda c, x=x, w=w: (lambda: dg._dense_gemv_op(x, w, config=c)), ref)
 
 
-def quant_grid(K: int, per_thread: tuple[int, ...]) -> list[dict]:
+def quant_grid(K: int, per_thread: tuple[int, ...], maxnregs: tuple[int, ...]) -> list[dict]:
     """Quantized GEMV tiles: a thread holds BLOCK_N * BLOCK_G / (32 num_warps) (row, group)
-    elements, 32 bytes each for q8_0, 16 for affine4."""
-    return [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
+    elements, 32 bytes each for q8_0, 16 for affine4; each with and without the next K step's
+    loads in flight (PREFETCH), and with registers capped for occupancy (maxnreg)."""
+    base = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
             for bn, bg, s, nw in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2), (4, 8))
             if bn * bg // (32 * nw) in per_thread and K // 32 // s >= bg]
+    return [{**c, "PREFETCH": pf, **({"maxnreg": r} if r else {})}
+            for c in base for pf in (True, False) for r in (0, *maxnregs)]
 
 
 def q8(rows, shapes):
@@ -111,7 +114,7 @@ def q8(rows, shapes):
         qs = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda")
         d = (torch.rand(N, K // 32, device="cuda") * 0.01).half()
         ref = lambda x=x, qs=qs, d=d: qm.q8_0_matmul_ref(x, qs, d)  # noqa: E731
-        grid = quant_grid(K, (2, 4, 8))
+        grid = quant_grid(K, (2, 4, 8), (64, 80))
         sweep(rows, "q8_0", name, N * K * 34 // 32,
               qm.gemv_config(N, K // 32, x.device), grid,
               lambda c, x=x, qs=qs, d=d: (lambda: qm.q8_0_gemv(x, qs, d, c)), ref)
@@ -124,7 +127,7 @@ def affine4(rows, shapes):
         s = (torch.rand(N, K // 32, device="cuda") * 0.01).bfloat16()
         b = (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16()
         ref = lambda x=x, wq=wq, s=s, b=b: am.affine_matmul_ref(x, wq, s, b, 4, 32)  # noqa: E731
-        grid = quant_grid(K, (2, 4, 8, 16))
+        grid = quant_grid(K, (2, 4, 8, 16), (96, 128))
         sweep(rows, "affine4", name, N * K // 2 + N * K // 32 * 4,
               am.gemv_config(N, K // 32, 32, x.device), grid,
               lambda c, x=x, wq=wq, s=s, b=b: (lambda: am.affine_gemv(x, wq, s, b, 4, 32, c)),

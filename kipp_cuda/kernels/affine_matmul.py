@@ -29,6 +29,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     gemv_launch,
     interpreting,
+    launch_options,
     num_sms,
     pick_split_k,
     split_k_buffers,
@@ -91,7 +92,7 @@ def _affine_gemv_kernel(
     N, num_groups, groups_per_split,
     stride_wn, stride_sn, stride_bn,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_matmul's GEMV: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -109,14 +110,18 @@ def _affine_gemv_kernel(
     b_rows = b_ptr + rows[:, None] * stride_bn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    w, s, b = _affine_gemv_tile(w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1),
-                                WPG, ASM)
+    if PREFETCH:
+        w, s, b = _affine_gemv_tile(w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1),
+                                    WPG, ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for g0 in range(g_start, g_end, BLOCK_G):
-        # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nw, ns, nb = _affine_gemv_tile(w_rows, s_rows, b_rows,
-                                       tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM)
+        if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
+            nw, ns, nb = _affine_gemv_tile(w_rows, s_rows, b_rows,
+                                           tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM)
+        else:  # one tile in flight a program, more programs an SM (fewer registers)
+            w, s, b = _affine_gemv_tile(w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1),
+                                        WPG, ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
         xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
         x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -145,7 +150,8 @@ def _affine_gemv_kernel(
         xq = (xf - 2.0 * x_scaled[None, :]) * 128.0
         part = xq * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
-        w, s, b = nw, ns, nb
+        if PREFETCH:
+            w, s, b = nw, ns, nb
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
                1, BLOCK_N, SPLIT_K)
@@ -270,7 +276,7 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
         wq.stride(0), scales.stride(0), biases.stride(0),
         BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
         SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl), ASM=not interpreting() if asm is None else asm,
-        num_warps=cfg["num_warps"], **pdl,
+        **launch_options(cfg), **pdl,
     )
     return out
 

@@ -90,6 +90,16 @@ def gemv_launch(device: torch.device, N: int, k_units: int, cfg: dict, unit_key:
     return (n_tiles, split), per_split, part, locks
 
 
+def launch_options(cfg: dict) -> dict:
+    """A quantized GEMV config's launch options: PREFETCH (the next K step's loads in flight
+    during this one's math; default on), num_warps, and maxnreg where the tuned table caps
+    registers for occupancy."""
+    opts = dict(PREFETCH=cfg.get("PREFETCH", True), num_warps=cfg["num_warps"])
+    if cfg.get("maxnreg"):
+        opts["maxnreg"] = cfg["maxnreg"]
+    return opts
+
+
 def pick_split_k(device: torch.device, num_tiles: int, num_k_blocks: int,
                  min_blocks_per_split: int = 4) -> int:
     """A power of two that brings the programs to about two per SM, keeping each split at least

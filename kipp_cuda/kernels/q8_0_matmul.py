@@ -30,6 +30,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     gemv_launch,
     interpreting,
+    launch_options,
     num_sms,
     pick_split_k,
     split_k_buffers,
@@ -71,7 +72,7 @@ def _q8_0_gemv_kernel(
     N, num_groups, groups_per_split,
     stride_qn, stride_dn,
     BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -87,12 +88,16 @@ def _q8_0_gemv_kernel(
     d_rows = d_ptr + rows[:, None] * stride_dn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
+    if PREFETCH:
+        w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for g0 in range(g_start, g_end, BLOCK_G):
-        # Issue the next tile's loads before this tile's math: two tiles in flight a program.
-        nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
+        if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
+            nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1),
+                                     ASM)
+        else:  # one tile in flight a program, more programs an SM (fewer registers)
+            w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
         xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
         x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -107,7 +112,8 @@ def _q8_0_gemv_kernel(
         # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
         part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
-        w, d = nw, nd
+        if PREFETCH:
+            w, d = nw, nd
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
                1, BLOCK_N, SPLIT_K)
@@ -252,7 +258,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
         N, num_groups, per_split,
         qs.stride(0) // 4, d.stride(0),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
-        ASM=not interpreting() if asm is None else asm, num_warps=cfg["num_warps"], **pdl,
+        ASM=not interpreting() if asm is None else asm, **launch_options(cfg), **pdl,
     )
     return out
 

@@ -170,6 +170,12 @@ def test_quantized_gemv_takes_unaligned_views():
           torch.bfloat16)
 
 
+def same_sums(a, b):
+    # fp32 sums of the same terms in another order: within ~100 ulp of the largest output (a
+    # wrong term is off by the size of a term)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
 def f32(N):
     return torch.empty((1, N), dtype=torch.float32, device=DEV)
 
@@ -180,8 +186,9 @@ def f32(N):
 def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
     """bits.py's inline PTX (16-byte vector loads; shift + LOP3 into the float bits) against its
     plain path (tl.load, integer ops) in the same kernels on the GPU: the same exact fp32
-    values, so the same sums. Odd shapes (masked rows and groups, split-K), the 8B down shape,
-    fp32, bf16 and fp16 x, and group sizes 32 and 128."""
+    values, so the same sums up to their order (the two paths' layouts reduce a row's groups in
+    different trees, which fp32 x rounds). Odd shapes (masked rows and groups, split-K), the 8B
+    down shape, fp32, bf16 and fp16 x, and group sizes 32 and 128."""
     for N, K, split in ((781, 1920, 1), (5, 4096, 4), (4096, 12288, 2)):
         w = (torch.randn(N, K, generator=gen(N)) * 0.02).numpy()
         qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
@@ -189,7 +196,7 @@ def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
         cfg = dict(BLOCK_N=8, BLOCK_G=16, SPLIT_K=split, num_warps=4)
         # fp32 outputs whatever x is: the sums before any rounding to x's dtype
         fast, plain = (qm.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
-        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
+        same_sums(fast, plain)
         close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
         for bits, gs in ((4, 32), (8, 32), (4, 128)):
             packed, s, b = quantize_affine(w, bits, gs)
@@ -198,7 +205,7 @@ def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
                     torch.from_numpy(b).to(DEV, torch.bfloat16), bits, gs)
             fast, plain = (am.affine_gemv(x, *args, cfg, out=f32(N), asm=a)
                            for a in (True, False))
-            torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
+            same_sums(fast, plain)
             close(fast, am.affine_matmul_ref(x, *args), dtype)
 
 
