@@ -11,7 +11,8 @@
 #   decode  the issue-4 decode targets (0.6B and 8B); last: decode attention tests, then those
 #   pdl     PDL correctness on the GPU and its A/B; quant, throughput: those targets alone
 #   qgemv2  quantized GEMV tests, 0.6B/8B config sweep written to the tuned table, 8B bf16/q8_0/
-#           affine4 decode; qgemv3 the same at 8B with prefetch and register-cap variants
+#           affine4 decode; qgemv3 the same at 8B with prefetch and register-cap variants;
+#           final6 their GPU tests with the tuned table, then 8B bf16/q8_0/affine4 decode
 #   qgemv   quantized GEMV tests, config sweep written to the tuned table, then quant; sweeptp
 #           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
@@ -262,6 +263,20 @@ qgemv3)  # sixth session: the quantized GEMVs' prefetch and register-cap variant
     --json "$OUT/sweep_quant4.json" 2>&1 | tee "$OUT/sweep_quant4.log" | grep -E -A1 "default|wrote|Error" | cut -c1-150
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
   bash "$0" quant
+  ;;
+final6)  # sixth session's last call: the quantized GEMV GPU tests with the tuned table of qgemv3
+  # (PREFETCH off and maxnreg configs at the 8B shapes), PDL on = off, then 8B bf16/q8_0/affine4
+  step "quantized GEMV and PDL tests on the GPU"
+  timeout 170 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda/test_matmul_kernels.py \
+    tests/cuda/test_backend.py -k "gpu and (quantized or pdl)" 2>&1 | tee "$OUT/tests_final6.log" \
+    | grep -E "passed|failed|FAIL|Error" | tail -6
+  for q in none q8_0 affine4; do
+    step "8B $q, batch 1"
+    qa=""; [ "$q" != none ] && qa="--quant $q"
+    timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8f_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
+  done
   ;;
 quant)
   for q in q8_0 affine4; do

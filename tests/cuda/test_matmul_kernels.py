@@ -151,6 +151,24 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj):
                   torch.bfloat16)
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False),
+    dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False),
+    dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
+], ids=["one-tile", "one-tile-split3", "prefetch-split2"])
+def test_quantized_gemv_launch_options(cfg):
+    """The tuned table's launch options (PREFETCH off: one tile in flight a program) on masked
+    rows, a K split that leaves a short last split, and groups that do not fill a K step."""
+    N, K = 37, 1216  # 38 groups
+    qs, d, w64 = q8_weights(N, K, seed=12)
+    x = randn(1, K, dtype=torch.bfloat16, seed=13)
+    close(run(qm.q8_0_gemv, x, qs, d, cfg), x.double().cpu() @ w64.T, torch.bfloat16)
+    for bits in (4, 8):
+        wq, s, b, w64 = affine_weights(N, K, bits, 32, seed=14, sdtype=torch.bfloat16)
+        close(run(am.affine_gemv, x, wq, s, b, bits, 32, cfg), x.double().cpu() @ w64.T,
+              torch.bfloat16)
+
+
 def test_quantized_gemv_takes_unaligned_views():
     """The GEMVs read x and the weight rows 16 bytes at a time: views that start off that
     alignment (a 2-byte offset into x, a 1-byte offset into qs, a word into wq) are copied, not
