@@ -7,6 +7,12 @@ low bit, so a byte cannot sit in bits 16-23.) On a GPU a shift moves each byte o
 15-22 and one LOP3 masks it under the exponent (and can flip its sign bit), so a weight costs
 about two integer ops and one FFMA: sum(x u) = 128 (sum(x f) - 2 sum(x)), with sum(x) shared by a
 tile's rows. Under the interpreter (ASM false) integer ops give the same values.
+
+The loads are inline PTX too (load_words, load_scalar, load_x8): a tl.load's layout follows its
+memory contiguity, and Triton would then carry the GEMV tile's math through layout changes in
+shared memory (15 barriers a K step in the SASS of the first version); an asm load keeps each
+(row, group) element's words, scale and x in the thread that owns it. Under the interpreter they
+are plain tl.loads.
 """
 
 from __future__ import annotations

@@ -3,10 +3,13 @@
 qs: int8 [N, K]; d: fp16 [N, K / 32]; w[n, k] = qs[n, k] * d[n, k // 32] (ggml q8_0). Accumulation
 is fp32; the output has x's dtype. Two kernels, chosen by T:
 - T == 1 (decode of one sequence): `_q8_0_gemv_kernel`, a weight-streaming GEMV on CUDA cores. A
-  program owns BLOCK_N rows and reads them once in [BLOCK_N, BLOCK_G, 8] tiles of int32 words
-  (16-byte loads, the next tile's loads issued before this one's math), turns each byte into an
-  exact fp32 with a shift and a LOP3 (bits.py), and applies each group's scale to its 32-element
-  sum; split-K when the rows alone leave SMs idle.
+  program owns BLOCK_N rows and walks K in [BLOCK_N, BLOCK_G] tiles whose element (n, g), group g
+  of row n (8 int32 words and a scale), sits in one thread: two 16-byte asm loads (bits.py), so
+  no step needs a layout change through shared memory, and a thread's rows share their groups'
+  x. Each byte becomes an exact fp32 with a shift and a LOP3 (bits.py); each group's scale
+  applies to its 32-element sum. The tuned table picks, per shape, whether the next tile's loads
+  go out before this tile's math (PREFETCH) or more programs share an SM, and may cap registers
+  (maxnreg); split-K when the rows alone leave SMs idle.
 - T > 1: `_q8_0_matmul_kernel`, tl.dot on tiles dequantized to the activation dtype (bf16 rounding
   of w, like bf16 weights). For T <= 16 a 16-row tile with split-K keeps the weights streaming
   (tensor cores make 2..16 tokens cost what one does); for prefill, 64/128/256-row tiles with
@@ -223,20 +226,22 @@ def gemv_rows(N: int, device: torch.device) -> int:
 
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
-    """BLOCK_N rows x BLOCK_G groups a K step, the next step's loads in flight during this one's
-    math: 16 x 32 (four 32-byte elements a thread at 4 warps), 4 rows when N is small. Shapes in
-    the tuned table (scripts/kernel_sweep.py) skip this."""
+    """BLOCK_N rows x BLOCK_G groups a K step: 16 x 64 with one tile in flight a program (the
+    fastest single config over the 8B shapes in the sixth session's sweep, 218.6 us summed
+    against 208.0 for each shape's best), 4 rows when N is small. Shapes in the tuned table
+    (scripts/kernel_sweep.py) skip this."""
     tuned = None if interpreting() else tuned_config("q8_0", N, num_groups * QK8_0)
     if tuned is not None:
         return tuned
-    bn, bg = 16, 32
+    bn, bg = 16, 64
     if interpreting():  # few, large programs keep the CPU interpreter quick
         bn, bg = 32, 16
     elif triton.cdiv(N, bn) < num_sms(device):
         bn = 4
     bg = min(bg, triton.next_power_of_2(num_groups))
     split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
-    return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4)
+    # (the interpreter keeps the prefetching loop, which the CPU gates then run through)
+    return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
 
 
 def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict | None = None,
