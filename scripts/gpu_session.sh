@@ -32,12 +32,15 @@ targets() {  # the issue-4 decode targets: 0.6B (batch 1, throughput, prefix cac
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
     --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
+  decode8 b8 120
+}
+decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/$1_<quant>.json; timeout $2)
   for q in none q8_0 affine4; do
     step "8B $q, batch 1"
     qa=""; [ "$q" != none ] && qa="--quant $q"
-    timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
+    timeout "$2" python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
       --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
-      --json "$OUT/b8_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
+      --json "$OUT/$1_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
   done
 }
 tp8() {  # the 8B TP gate (TP=2 vs TP=1 logits and greedy tokens), then TP=1 and TP=2 decode
@@ -245,13 +248,7 @@ qgemv2)  # sixth session: the quantized GEMVs' per-thread (row, group) tiles: GP
   timeout 240 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "0.6B,8B " --write-configs \
     --json "$OUT/sweep_quant3.json" 2>&1 | tee "$OUT/sweep_quant3.log" | grep -E -A1 "default|wrote|Error" | cut -c1-110
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
-  for q in none q8_0 affine4; do
-    step "8B $q, batch 1"
-    qa=""; [ "$q" != none ] && qa="--quant $q"
-    timeout 100 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
-      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
-      --json "$OUT/b8_$q.json" 2>&1 | grep -E "\| kipp" | tail -1
-  done
+  decode8 b8 100
   ;;
 qgemv3)  # sixth session: the quantized GEMVs' prefetch and register-cap variants at the 8B shapes
   # (written to the tuned table), then 8B q8_0 and affine4 decode
@@ -270,13 +267,7 @@ final6)  # sixth session's last call: the quantized GEMV GPU tests with the tune
   timeout 170 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda/test_matmul_kernels.py \
     tests/cuda/test_backend.py -k "gpu and (quantized or pdl)" 2>&1 | tee "$OUT/tests_final6.log" \
     | grep -E "passed|failed|FAIL|Error" | tail -6
-  for q in none q8_0 affine4; do
-    step "8B $q, batch 1"
-    qa=""; [ "$q" != none ] && qa="--quant $q"
-    timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
-      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
-      --json "$OUT/b8f_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
-  done
+  decode8 b8f 90
   ;;
 quant)
   for q in q8_0 affine4; do

@@ -127,15 +127,19 @@ def nibble_floats(w, ASM: tl.constexpr):
 
 
 @triton.jit
-def load_words(ptr, ASM: tl.constexpr):
+def load_words(ptr, ASM: tl.constexpr, NC: tl.constexpr = True):
     """The 16 bytes at each int32 pointer (16-byte aligned) as four int32 tensors, one vector load
-    a pointer, through the read-only path (weights). Inline PTX rather than tl.load: a tl.load's
-    layout follows its memory contiguity, and the tile's math would follow it into layout changes
-    through shared memory; an asm load keeps each element's words in the thread that owns it."""
+    a pointer: through the read-only path (NC, weights), or coherent (x, which the previous kernel
+    wrote). Inline PTX rather than tl.load: a tl.load's layout follows its memory contiguity, and
+    the tile's math would follow it into layout changes through shared memory; an asm load keeps
+    each element's words in the thread that owns it."""
     if ASM:
-        return tl.inline_asm_elementwise(
-            asm="ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,l",
-            args=[ptr], dtype=(tl.int32,) * 4, is_pure=False, pack=1)
+        if NC:
+            asm: tl.constexpr = "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];"
+        else:
+            asm: tl.constexpr = "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];"
+        return tl.inline_asm_elementwise(asm=asm, constraints="=r,=r,=r,=r,l", args=[ptr],
+                                         dtype=(tl.int32,) * 4, is_pure=False, pack=1)
     return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
 
 
@@ -155,16 +159,6 @@ def load_scalar(ptr, ASM: tl.constexpr):
                 dtype=tl.int32, is_pure=False, pack=1)
         return v.to(ty, bitcast=True)
     return tl.load(ptr)
-
-
-@triton.jit
-def _x_words(ptr, ASM: tl.constexpr):
-    # 16 bytes of x at each int32 pointer: coherent loads, x is the previous kernel's output
-    if ASM:
-        return tl.inline_asm_elementwise(
-            asm="ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,l",
-            args=[ptr], dtype=(tl.int32,) * 4, is_pure=False, pack=1)
-    return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
 
 
 @triton.jit
@@ -190,9 +184,9 @@ def load_x8(x_ptr, first, ASM: tl.constexpr):
                 tl.load(x_ptr + first + 6).to(tl.float32),
                 tl.load(x_ptr + first + 7).to(tl.float32))
     words = (x_ptr + first).to(tl.pointer_type(tl.int32))
-    a, b, c, d = _x_words(words, ASM)
+    a, b, c, d = load_words(words, ASM, False)
     if x_ptr.dtype.element_ty == tl.float32:
-        e, f, g, h = _x_words(words + 4, ASM)
+        e, f, g, h = load_words(words + 4, ASM, False)
         return (a.to(tl.float32, bitcast=True), b.to(tl.float32, bitcast=True),
                 c.to(tl.float32, bitcast=True), d.to(tl.float32, bitcast=True),
                 e.to(tl.float32, bitcast=True), f.to(tl.float32, bitcast=True),
