@@ -185,6 +185,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     try:
         if req.json_object:
             await ctx.constrain_json(rid, req.thinking)
+        elif req.required_tools:
+            await ctx.constrain_tool_call(rid, req.required_tools)
         stream = await ctx.submit([item], arrival, state.config.retry_after_s)
     except BaseException:
         ctx.release(rid)

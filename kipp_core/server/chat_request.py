@@ -3,6 +3,8 @@
 The prompt is `kipp_core.chat.render` of the messages. `tool_choice: "none"` offers no tools and
 parses no calls; a named function forces the call's opening, `<tool_call>\\n{"name": NAME,
 "arguments": `, after an empty think block, and the output is parsed with that prefix prepended.
+`"required"` forces `<tool_call>\\n` the same way and holds the output to one whole call of an
+offered tool (server/tool_constraint.py).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class ChatRequest:
     tool_prefix: str  # forced opening of a named tool call, prepended before parsing
     logprobs: int | None  # top_logprobs when logprobs is on
     json_object: bool
+    required_tools: list[str] | None = None  # tool_choice "required": the names a call may use
 
 
 def _text(content, where: str) -> str | None:
@@ -126,13 +129,15 @@ def _tools(raw) -> list[dict]:
 
 
 def _tool_choice(raw, tools: list[dict]) -> str | dict:
-    """ "none", "auto", or the named function's name (as {"name": ...})."""
+    """ "none", "auto", "required", or the named function's name (as {"name": ...})."""
     if raw is None:
         return "auto" if tools else "none"
     if raw in ("none", "auto"):
         return raw if tools else "none"
     if raw == "required":
-        raise bad_request("tool_choice 'required' is not supported; name a function", "tool_choice")
+        if not tools:
+            raise bad_request("tool_choice 'required' needs tools", "tool_choice")
+        return raw
     fn = raw.get("function") if isinstance(raw, dict) else None
     if (
         not isinstance(fn, dict)
@@ -207,6 +212,14 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         thinking = False  # a forced call starts the answer; thinking first would not fit it
         prefix = '<tool_call>\n{"name": ' + json.dumps(choice["name"], ensure_ascii=False)
         prefix += ', "arguments": '
+    elif choice == "required":  # the rest of the call is held to its grammar (tool_constraint)
+        if json_object:
+            raise bad_request(
+                "response_format json_object cannot be combined with tool_choice 'required'",
+                "response_format",
+            )
+        thinking = False
+        prefix = "<tool_call>\n"
     try:
         prompt = render(messages, tools if choice != "none" else None, True, thinking)
     except ValueError as e:
@@ -228,4 +241,5 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         prefix,
         kw["logprobs"],
         json_object,
+        [t["function"]["name"] for t in tools] if choice == "required" else None,
     )

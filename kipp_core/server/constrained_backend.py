@@ -1,4 +1,5 @@
-"""Interim: token masks for `response_format: json_object` without an engine hook.
+"""Interim: token masks (`response_format: json_object`, `tool_choice: "required"`) without an
+engine hook.
 
 The engine has no logits-mask hook yet, so this wraps the backend. For a constrained sequence that
 samples this step, the backend runs its tokens without sampling (all but the last), then the last
@@ -29,7 +30,8 @@ class ConstrainedBackend:
         self.config = inner.config
         self.block_size = inner.block_size
         self.num_blocks = inner.num_blocks
-        self.constraints: dict[str, JsonConstraint] = {}  # request_id -> its constraint
+        # request_id -> its JsonConstraint or ToolCallConstraint (an `allowed` method each)
+        self.constraints: dict[str, JsonConstraint] = {}
 
     def __getattr__(self, name):  # anything else a caller wants from the real backend
         return getattr(self.inner, name)
@@ -57,7 +59,7 @@ class ConstrainedBackend:
             if m is None:
                 first.append(inp)
                 continue
-            assert not inp.draft_token_ids, "json_object runs without speculative decoding"
+            assert not inp.draft_token_ids, "constraints run without speculative decoding"
             n = len(inp.token_ids)
             if n > 1:
                 first.append(

@@ -33,7 +33,7 @@ class ServingContext:
     engine: AsyncEngine
     model_name: str
     created: int = field(default_factory=lambda: int(time.time()))
-    constraints: object | None = None  # a ConstrainedBackend once json_object is first used
+    constraints: object | None = None  # a ConstrainedBackend once a constraint is first used
     json_tokens: asyncio.Future | None = None  # its TokenTable
 
     def __post_init__(self):
@@ -48,15 +48,28 @@ class ServingContext:
 
     async def constrain_json(self, request_id: str, thinking: bool) -> None:
         """Hold `request_id`'s output to one JSON object (after `</think>` when thinking)."""
+        from kipp_core.server.json_constraint import JsonConstraint
+
+        table = await self._constrained("response_format json_object", "response_format")
+        start = self.tokenizer.token_to_id("</think>") if thinking else None
+        self.constraints.constraints[request_id] = JsonConstraint(table, start)
+
+    async def constrain_tool_call(self, request_id: str, names: list[str]) -> None:
+        """Hold `request_id`'s output to one tool call of a tool in `names`."""
+        from kipp_core.server.tool_constraint import ToolCallConstraint
+
+        table = await self._constrained("tool_choice 'required'", "tool_choice")
+        end = self.tokenizer.token_to_id("</tool_call>")
+        self.constraints.constraints[request_id] = ToolCallConstraint(table, names, end)
+
+    async def _constrained(self, what: str, param: str):
+        """The token table, with the engine's backend wrapped for masks (both made once)."""
         from kipp_core.server.constrained_backend import ConstrainedBackend
-        from kipp_core.server.json_constraint import JsonConstraint, TokenTable
+        from kipp_core.server.json_constraint import TokenTable
 
         engine = self.llm.engine
         if engine.spec is not None:
-            raise bad_request(
-                "response_format json_object is not available with speculative decoding",
-                "response_format",
-            )
+            raise bad_request(f"{what} is not available with speculative decoding", param)
         if self.json_tokens is None:  # built once, off the event loop: it takes a moment
             self.json_tokens = asyncio.get_running_loop().run_in_executor(
                 None, TokenTable, self.tokenizer, self.vocab_size
@@ -65,8 +78,7 @@ class ServingContext:
         if self.constraints is None:
             self.constraints = ConstrainedBackend(engine.backend, engine)
             engine.backend = self.constraints  # swapped between steps: attribute stores are atomic
-        start = self.tokenizer.token_to_id("</think>") if thinking else None
-        self.constraints.constraints[request_id] = JsonConstraint(table, start)
+        return table
 
     def release(self, request_id: str) -> None:
         if self.constraints is not None:

@@ -138,6 +138,11 @@ class JsonConstraint:
             m[[i for i in stop_token_ids if 0 <= i < m.size]] = True  # it may end here
         return m
 
+    def is_complete(self, stream: int) -> bool:
+        """Whether `stream`'s output, as read by the last `allowed`, holds the whole object."""
+        st = self._streams.get(stream)
+        return st is not None and st.prefix.is_complete
+
     @staticmethod
     def _read(st: _Stream, text: str) -> bool:
         if not st.prefix.feed(text):

@@ -131,6 +131,33 @@ def test_named_tool_choice_forces_the_call(client, tok):
     assert r.usage.prompt_tokens == len(tok.encode(render(messages, TOOLS, True, False) + prefix))
 
 
+def test_required_tool_choice_makes_one_valid_call(client, tok):
+    """tool_choice "required": the random model, biased (+100) to "}" so that its arguments close,
+    writes exactly one call of an offered tool, in JSON, through both paths."""
+    messages = user("what now?")
+    bias = {str(tok.encode("}")[0]): 100}
+    kw = dict(
+        messages=messages, tools=TOOLS, tool_choice="required", max_tokens=60, logit_bias=bias
+    )
+    names = set()
+    for seed in range(3):
+        whole, stream = both(client, seed=seed, **kw)
+        [call] = whole.message.tool_calls
+        assert isinstance(json.loads(call.function.arguments), dict)
+        assert not whole.message.content
+        assert whole.finish_reason == "tool_calls" and stream["finish"] == "tool_calls"
+        assert [v[1:] for v in stream["calls"].values()] == [
+            [call.function.name, call.function.arguments]
+        ]
+        names.add(call.function.name)
+    assert names <= {"get_weather", "get_time"}
+    r = client.chat.completions.create(
+        model="kipp-tiny", messages=messages, tools=TOOLS, tool_choice="required", max_tokens=1
+    )
+    want = render(messages, TOOLS, True, False) + "<tool_call>\n"
+    assert r.usage.prompt_tokens == len(tok.encode(want))
+
+
 def test_invalid_call_stays_content(client):
     whole, stream = both(client, messages=user("[[script:bad_call]]"), tools=TOOLS)
     assert whole.message.tool_calls is None and whole.finish_reason == "stop"
@@ -208,7 +235,11 @@ def test_json_object_with_thinking_starts_after_think_end(client):
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
             "tool_choice",
         ),
-        ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"tool_choice": "required", "tools": TOOLS, "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs"),
         ({"top_logprobs": 2}, "top_logprobs"),
