@@ -12,6 +12,7 @@ groups that pass; in strings, tokens without `"`, `\\` or control characters pas
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -60,6 +61,15 @@ class TokenTable:
             groups.setdefault(_group_key(text), []).append(i)
         self.groups = list(groups.items())
         self._masks: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    @functools.cached_property
+    def ids_by_text(self) -> dict[str, list[int]]:
+        """Token ids by their text (for masks of fixed text, tool_constraint.py)."""
+        index: dict[str, list[int]] = {}
+        for i, text in enumerate(self.texts):
+            if text:
+                index.setdefault(text, []).append(i)
+        return index
 
     def mask(self, prefix: JsonPrefix) -> np.ndarray:
         """Bool [vocab_size]: the tokens that keep `prefix` a prefix of a JSON object (not eos)."""
@@ -120,6 +130,22 @@ class JsonConstraint:
         self, stream: int, output_token_ids: Sequence[int], stop_token_ids: Sequence[int]
     ) -> np.ndarray | None:
         """The mask for the next token of `stream`, or None while unconstrained."""
+        st = self._advance(stream, output_token_ids)
+        if st is None or not st.active:
+            return None
+        t = self.table
+        budget = 0 if st.prefix.state == State.START else MAX_WS_RUN - st.ws_run
+        m = t.mask(st.prefix) & ~(t.whitespace & (t.lengths > budget))
+        if st.prefix.is_complete:
+            m[[i for i in stop_token_ids if 0 <= i < m.size]] = True  # it may end here
+        return m
+
+    def read(self, stream: int, output_token_ids: Sequence[int]) -> bool:
+        """Read `stream`'s output so far; whether it now holds the whole object."""
+        st = self._advance(stream, output_token_ids)
+        return st is not None and st.prefix.is_complete
+
+    def _advance(self, stream: int, output_token_ids: Sequence[int]) -> _Stream | None:
         st = self._streams.get(stream)
         if st is None:
             st = self._streams[stream] = _Stream(active=self.start_after is None)
@@ -129,19 +155,7 @@ class JsonConstraint:
             elif not self._read(st, self.table.texts[tok]):
                 return None  # cannot happen with the mask applied; do not make it worse
         st.num_read = len(output_token_ids)
-        if not st.active:
-            return None
-        t = self.table
-        budget = 0 if st.prefix.state == State.START else MAX_WS_RUN - st.ws_run
-        m = t.mask(st.prefix) & ~(t.whitespace & (t.lengths > budget))
-        if st.prefix.is_complete:
-            m[[i for i in stop_token_ids if 0 <= i < m.size]] = True  # it may end here
-        return m
-
-    def is_complete(self, stream: int) -> bool:
-        """Whether `stream`'s output, as read by the last `allowed`, holds the whole object."""
-        st = self._streams.get(stream)
-        return st is not None and st.prefix.is_complete
+        return st
 
     @staticmethod
     def _read(st: _Stream, text: str) -> bool:

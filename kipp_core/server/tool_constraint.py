@@ -22,18 +22,6 @@ _NAME, _ARGS, _CLOSE, _END_TOKEN, _STOP = range(5)
 _CLOSING = "}\n"
 
 
-def _ids_by_text(table: TokenTable) -> dict[str, list[int]]:
-    """Token ids by their text, built once a table."""
-    index = getattr(table, "_ids_by_text", None)
-    if index is None:
-        index = {}
-        for i, text in enumerate(table.texts):
-            if text:
-                index.setdefault(text, []).append(i)
-        table._ids_by_text = index
-    return index
-
-
 @dataclass
 class _Stream:
     num_read: int = 0  # output tokens read so far
@@ -80,7 +68,7 @@ class ToolCallConstraint:
 
     def _allow_prefixes(self, m: np.ndarray, rests: list[str]) -> None:
         # tokens whose text is a non-empty prefix of one of `rests`
-        index = _ids_by_text(self.table)
+        index = self.table.ids_by_text
         for rest in rests:
             for k in range(1, len(rest) + 1):
                 m[index.get(rest[:k], [])] = True
@@ -92,8 +80,7 @@ class ToolCallConstraint:
             if st.text in self.openings:
                 st.phase, st.text, st.args_start = _ARGS, "", i + 1
         elif st.phase == _ARGS:
-            self.args.allowed(stream, out[st.args_start : i + 1], ())  # reads through token i
-            if self.args.is_complete(stream):
+            if self.args.read(stream, out[st.args_start : i + 1]):
                 st.phase = _CLOSE
         elif st.phase == _CLOSE:
             st.text += text

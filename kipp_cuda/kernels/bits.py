@@ -28,47 +28,30 @@ def aligned_x(x: torch.Tensor) -> torch.Tensor:
     return x.clone() if x.data_ptr() % 16 else x
 
 
+def _byte_asm(e: int, lut: int) -> str:
+    # Byte i of $4 shifted to bits 15-22, then one LOP3 of it, the mask m of those bits and the
+    # exponent word e into output $i.
+    shifts = ("shl.b32 a0, $4, 15;", "shl.b32 a1, $4, 7;", "shr.u32 a2, $4, 1;",
+              "shr.u32 a3, $4, 9;")
+    lop3 = [f"lop3.b32 ${i}, a{i}, m, e, 0x{lut:02X};" for i in range(4)]
+    return "\n".join(["{", ".reg .b32 a0, a1, a2, a3, m, e;", "mov.b32 m, 0x007F8000;",
+                      f"mov.b32 e, 0x{e:08X};", *shifts, *lop3, "}"])
+
+
+# lop3 0xEA: (a & m) | e. lop3 0x6A: m ? a ^ e : e, which also flips bit 22 (the byte's top bit)
+# because e holds it.
+_BYTES = tl.constexpr(_byte_asm(0x40000000, 0xEA))
+_BYTES_FLIPPED = tl.constexpr(_byte_asm(0x40400000, 0x6A))
+
+
 @triton.jit
 def byte_floats(w, FLIP: tl.constexpr, ASM: tl.constexpr):
     """int32 words of four bytes (byte i is element i) -> four fp32 tensors 2 + u_i / 128, u_i the
     byte as unsigned, with its top bit flipped if FLIP (then u = q + 128 for an int8 q)."""
     if ASM:
-        # lop3 0xEA: (a & m) | e. lop3 0x6A: m ? a ^ e : e, which also flips bit 22 (the byte's
-        # top bit) because e holds it.
-        if FLIP:
-            f0, f1, f2, f3 = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 a0, a1, a2, a3, m, e;
-                mov.b32 m, 0x007F8000;
-                mov.b32 e, 0x40400000;
-                shl.b32 a0, $4, 15;
-                shl.b32 a1, $4, 7;
-                shr.u32 a2, $4, 1;
-                shr.u32 a3, $4, 9;
-                lop3.b32 $0, a0, m, e, 0x6A;
-                lop3.b32 $1, a1, m, e, 0x6A;
-                lop3.b32 $2, a2, m, e, 0x6A;
-                lop3.b32 $3, a3, m, e, 0x6A;
-                }""",
-                constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.int32,) * 4, is_pure=True,
-                pack=1)
-        else:
-            f0, f1, f2, f3 = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 a0, a1, a2, a3, m, e;
-                mov.b32 m, 0x007F8000;
-                mov.b32 e, 0x40000000;
-                shl.b32 a0, $4, 15;
-                shl.b32 a1, $4, 7;
-                shr.u32 a2, $4, 1;
-                shr.u32 a3, $4, 9;
-                lop3.b32 $0, a0, m, e, 0xEA;
-                lop3.b32 $1, a1, m, e, 0xEA;
-                lop3.b32 $2, a2, m, e, 0xEA;
-                lop3.b32 $3, a3, m, e, 0xEA;
-                }""",
-                constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.int32,) * 4, is_pure=True,
-                pack=1)
+        f0, f1, f2, f3 = tl.inline_asm_elementwise(
+            asm=_BYTES_FLIPPED if FLIP else _BYTES, constraints="=r,=r,=r,=r,r", args=[w],
+            dtype=(tl.int32,) * 4, is_pure=True, pack=1)
         f0 = f0.to(tl.float32, bitcast=True)
         f1 = f1.to(tl.float32, bitcast=True)
         f2 = f2.to(tl.float32, bitcast=True)
