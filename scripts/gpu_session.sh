@@ -5,6 +5,7 @@
 #   bench06 0.6B benchmarks (kipp and transformers in the same run)
 #   bench8  8B benchmarks (bf16, q8_0, affine4; transformers peer), start-up time
 #   diag    kernel launch-config sweep, prefill host profile
+#   ablate  an 8B decode step with each kind of small kernel left out (what fusing could save)
 #   tpprof  a TP=2 decode step's time, all-reduce variants (2 GPUs)
 #   tp      tensor parallel gates and benchmarks (needs 2 GPUs); tp8 without the tiny NCCL tests;
 #           tp32 the 32B TP=2 decode
@@ -110,6 +111,11 @@ bench8)
   timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
+  ;;
+ablate)  # what each kind of small kernel costs an 8B batch-1 decode step (left out of the graph)
+  step "step ablation ${2:-qwen3-8b}"
+  timeout 500 python scripts/step_ablation.py --shape "${2:-qwen3-8b}" 2>&1 \
+    | tee "$OUT/step_ablation.log" | grep -vE "Warning|warn" | tail -12
   ;;
 tpprof)  # where a TP=2 decode step's time goes: all-reduce variants in the decode graph
   step "tp step profile ${2:-qwen3-8b}"

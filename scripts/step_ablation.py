@@ -1,0 +1,121 @@
+"""What each kind of small kernel costs a batch-1 decode step, launch gaps included: the decode
+graph replayed back to back with one kind of kernel left out at a time (its output replaced by a
+view of its input, so the logits are wrong by design). The difference to the full graph is what
+fusing that kernel away could save at most.
+
+  full      the model as it runs
+  norm      no RMSNorm launches (input, post-attention, final)
+  act       no separate SwiGLU launch (the quantized down_proj's input; dense fuses it already)
+  attn      no decode attention (and no split merge)
+  qkv       no q/k norm + RoPE + KV write
+  gemv      none of the four above: the GEMVs alone
+
+python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+
+import kipp_cuda.layers as layers
+import kipp_cuda.model as model_mod
+from kipp_core.backend import BackendOptions
+from kipp_core.checkpoint import Checkpoint
+from kipp_core.tiny import random_checkpoint
+from kipp_cuda.backend import ShardBackend
+from kipp_cuda.runner import CTX, POS
+
+
+def _no_norm(x, w, eps, residual=None):
+    return x if residual is None else (x, residual)
+
+
+def _no_act(x):
+    return x[:, : x.shape[1] // 2]
+
+
+def _no_attn(q, kv, meta, scale):
+    return q
+
+
+def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
+    d = layer.head_dim
+    return qkv[:, : layer.num_heads * d].view(qkv.shape[0], layer.num_heads, d)
+
+
+PATCHES = {
+    "norm": [(model_mod, "rms_norm", _no_norm)],
+    "act": [(layers, "silu_and_mul", _no_act)],
+    "attn": [(model_mod, "attention", _no_attn)],
+    "qkv": [(model_mod, "store_qkv", _no_qkv)],
+}
+PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
+
+
+@contextlib.contextmanager
+def patched(name):
+    saved = [(m, a, getattr(m, a)) for m, a, _ in PATCHES.get(name, [])]
+    for m, a, f in PATCHES.get(name, []):
+        setattr(m, a, f)
+    try:
+        yield
+    finally:
+        for m, a, f in saved:
+            setattr(m, a, f)
+
+
+def step_ms(runner, device, steps):
+    fn = runner._graph_fn("decode", 1)
+    fn()
+    g, _ = runner._capture(fn, None)
+    for _ in range(5):
+        g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(steps):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize(device)
+    del g
+    return a.elapsed_time(b) / steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="qwen3-8b")
+    p.add_argument("--quants", default="none,q8_0,affine4")
+    p.add_argument("--variants", default="full,norm,act,attn,qkv,gemv")
+    p.add_argument("--context", type=int, default=2100)
+    p.add_argument("--steps", type=int, default=200)
+    args = p.parse_args()
+    path = random_checkpoint(args.shape)
+    device = torch.device("cuda")
+    rows = []
+    for quant in args.quants.split(","):
+        q = None if quant == "none" else quant
+        opts = BackendOptions(kv_cache_memory="4GiB", max_num_seqs=1, max_model_len=4096, quant=q)
+        shard = ShardBackend(Checkpoint(path), opts, device)
+        runner = shard.runner
+        runner.g_in[CTX, 0], runner.g_in[POS, 0] = args.context, args.context - 1
+        times = {}
+        for v in args.variants.split(","):
+            with patched(v):
+                times[v] = step_ms(runner, device, args.steps)
+        rows.append((quant, times))
+        runner.graphs.clear()
+        del shard, runner
+        torch.cuda.empty_cache()
+    names = args.variants.split(",")
+    print(f"{args.shape}, batch-1 decode graph, context {args.context}, {args.steps} replays")
+    print("| quant | " + " | ".join(f"{n} ms" for n in names) + " | saved without each |")
+    print("|---|" + "---|" * len(names) + "---|")
+    for quant, t in rows:
+        saved = ", ".join(f"{n} {t['full'] - t[n]:.3f}" for n in names if n != "full")
+        print(f"| {quant} | " + " | ".join(f"{t[n]:.3f}" for n in names) + f" | {saved} |")
+
+
+if __name__ == "__main__":
+    main()
