@@ -40,7 +40,7 @@ class Q8Linear(nn.Module):
         return self.qs.shape[0]
 
     def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        return q8_0_matmul(silu_and_mul(x) if act else x, self.qs, self.scales)
+        return q8_0_matmul(x, self.qs, self.scales, act=act)  # SwiGLU fused at one token
 
 
 class AffineLinear(nn.Module):
@@ -57,8 +57,8 @@ class AffineLinear(nn.Module):
         return self.wq.shape[0]
 
     def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        return affine_matmul(silu_and_mul(x) if act else x, self.wq, self.scales, self.biases,
-                             self.bits, self.group_size)
+        return affine_matmul(x, self.wq, self.scales, self.biases, self.bits, self.group_size,
+                             act=act)  # SwiGLU fused at one token
 
 
 def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:

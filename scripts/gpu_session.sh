@@ -112,6 +112,18 @@ bench8)
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
   ;;
+attnpre)  # seventh session: GPU tests of the decode-attention prefetch and the fused quantized
+  # SwiGLU, then the 8B decode step with attention variants
+  step "GPU tests: decode attention, quantized GEMVs, PDL"
+  timeout 300 python -m pytest -q -p no:cacheprovider --timeout 280 \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_matmul_kernels.py \
+    "tests/cuda/test_backend.py::test_gpu_pdl_decode_equals_plain_launches" 2>&1 \
+    | tee "$OUT/tests_call2.log" | grep -E "passed|failed|FAIL|Error" | tail -12
+  step "step variants"
+  timeout 300 python scripts/step_ablation.py --variants \
+    "full,da:PREFETCH_KV=0,da:MIN_TILES_PER_SPLIT=1,da:NUM_WARPS=4,da:MIN_TILES_PER_SPLIT=1;NUM_WARPS=4,attn,norm" \
+    2>&1 | tee "$OUT/step_variants.log" | grep -vE "Warning|warn" | tail -8
+  ;;
 ablate)  # what each kind of small kernel costs an 8B batch-1 decode step (left out of the graph)
   step "step ablation ${2:-qwen3-8b}"
   timeout 500 python scripts/step_ablation.py --shape "${2:-qwen3-8b}" 2>&1 \

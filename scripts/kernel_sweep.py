@@ -136,10 +136,10 @@ def affine4(rows, shapes):
 
 def attn(rows):
     """Decode attention at batch 1 in a graph made for max_model_len 40960 (as the runner's), per
-    variant of the merge (fused into the attention kernel, or a merge kernel after it), of when V
-    is loaded (with K, or after the softmax) and of num_warps: the default split count, then the
-    best and worst of a grid of split lengths and counts."""
-    saved = {k: getattr(da, k) for k in ("MIN_TILES_PER_SPLIT", "EARLY_V_LOAD", "NUM_WARPS")}
+    variant of the merge (fused into the attention kernel, or a merge kernel after it), of whether
+    the first K/V tile is loaded before the PDL wait, and of num_warps: the default split count,
+    then the best and worst of a grid of split lengths and counts."""
+    saved = {k: getattr(da, k) for k in ("MIN_TILES_PER_SPLIT", "PREFETCH_KV", "NUM_WARPS")}
     try:
         for model, (hq, hkv) in {"0.6B": (16, 8), "8B": (32, 8)}.items():
             for ctx in (2048, 8192):
@@ -163,13 +163,13 @@ def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles
     grid = [(default_min_tiles, None)]  # the default: num_splits_for's count
     if not QUICK:
         grid += itertools.product((1, 2, 4), (8, 16, 32, 64, 128))
-    for fused, early_v, warps in itertools.product((False, True), (True, False), (2, 4, 8)):
+    for fused, prefetch, warps in itertools.product((False, True), (True, False), (2, 4, 8)):
         merge = "fused" if fused else "unfused"
-        da.EARLY_V_LOAD, da.NUM_WARPS = early_v, warps
+        da.PREFETCH_KV, da.NUM_WARPS = prefetch, warps
         results = []
         for min_tiles, splits in grid:
             da.MIN_TILES_PER_SPLIT = min_tiles
-            cfg = {"merge": merge, "early_v": early_v, "num_warps": warps,
+            cfg = {"merge": merge, "prefetch": prefetch, "num_warps": warps,
                    "MIN_TILES": min_tiles, "splits": splits}
             fn = lambda s=splits, f=fused: da._paged_decode_attention_op(  # noqa: E731
                 *a, max_context_len=40960, num_splits=s, fused_merge=f)
@@ -185,19 +185,19 @@ def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles
         d = results[0]
         ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"]) or [
             {"us": math.nan, "gbs": 0, "cfg": None}]
-        print(f"attn     {model} ctx {ctx:5} {merge:7} early_v={int(early_v)} warps={warps} "
+        print(f"attn     {model} ctx {ctx:5} {merge:7} prefetch={int(prefetch)} warps={warps} "
               f"default {d.get('us', math.nan):7.2f} us {d.get('gbs', 0):6.0f} GB/s; "
               f"best {ok[0]['us']:7.2f} us {ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; "
               f"worst {ok[-1]['us']:.2f}" + (f"; error {d['error']}" if "error" in d else ""))
-        rows.append({"family": "attn", "shape": f"{model} ctx {ctx} {merge} early_v={early_v} "
+        rows.append({"family": "attn", "shape": f"{model} ctx {ctx} {merge} prefetch={prefetch} "
                      f"warps={warps}", "bytes": nbytes, "results": results})
 
 
 def attn_batch(rows):
     """Decode attention at batch 256 (the throughput regime): 0.6B heads, contexts drawn from 200
     to 1,500 tokens, each sequence on its own shuffled blocks, one split. Times every tile size,
-    warp count, pipelining depth and V-load placement; bytes are the KV read."""
-    saved = {k: getattr(da, k) for k in ("BLOCK_N", "EARLY_V_LOAD", "NUM_WARPS", "NUM_STAGES")}
+    warp count, pipelining depth and first-tile prefetch; bytes are the KV read."""
+    saved = {k: getattr(da, k) for k in ("BLOCK_N", "PREFETCH_KV", "NUM_WARPS", "NUM_STAGES")}
     page, D, hq, hkv, B = 32, 128, 16, 8, 256
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(200, 1501, (B,), generator=gen)
@@ -213,12 +213,12 @@ def attn_batch(rows):
     nbytes = int(lens.sum()) * hkv * D * 2 * 2
     results = []
     try:
-        for block_n, warps, stages, early_v in itertools.product(
+        for block_n, warps, stages, prefetch in itertools.product(
                 (32, 64, 128), (2, 4, 8), (1, 2, 3), (True, False)):
-            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.EARLY_V_LOAD = (block_n, warps, stages,
-                                                                          early_v)
+            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.PREFETCH_KV = (block_n, warps, stages,
+                                                                         prefetch)
             cfg = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages,
-                   "early_v": early_v}
+                   "prefetch": prefetch}
             fn = lambda: da._paged_decode_attention_op(*a, max_context_len=1500)  # noqa: E731
             try:
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
@@ -234,7 +234,7 @@ def attn_batch(rows):
             setattr(da, k, v)
     default = next(r for r in results if r["cfg"] == {
         "BLOCK_N": saved["BLOCK_N"], "num_warps": saved["NUM_WARPS"],
-        "num_stages": saved["NUM_STAGES"], "early_v": saved["EARLY_V_LOAD"]})
+        "num_stages": saved["NUM_STAGES"], "prefetch": saved["PREFETCH_KV"]})
     ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
     print(f"attn_b256 0.6B heads, {nbytes / 1e9:.2f} GB of KV: default "
           f"{default.get('us', math.nan):8.1f} us {default.get('gbs', 0):6.0f} GB/s")

@@ -9,6 +9,8 @@ fusing that kernel away could save at most.
   attn      no decode attention (and no split merge)
   qkv       no q/k norm + RoPE + KV write
   gemv      none of the four above: the GEMVs alone
+  da:A=v;B=w   the full model with decode_attention's module settings A, B changed (for example
+            da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step
 
 python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
@@ -20,6 +22,7 @@ import contextlib
 
 import torch
 
+import kipp_cuda.kernels.decode_attention as decode_attention
 import kipp_cuda.layers as layers
 import kipp_cuda.model as model_mod
 from kipp_core.backend import BackendOptions
@@ -55,10 +58,17 @@ PATCHES = {
 PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
 
 
+def _patches(name):
+    if name.startswith("da:"):  # module settings, ints
+        return [(decode_attention, k, int(v)) for k, v in
+                (kv.split("=") for kv in name[3:].split(";"))]
+    return PATCHES.get(name, [])
+
+
 @contextlib.contextmanager
 def patched(name):
-    saved = [(m, a, getattr(m, a)) for m, a, _ in PATCHES.get(name, [])]
-    for m, a, f in PATCHES.get(name, []):
+    saved = [(m, a, getattr(m, a)) for m, a, _ in _patches(name)]
+    for m, a, f in _patches(name):
         setattr(m, a, f)
     try:
         yield
@@ -87,7 +97,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-8b")
     p.add_argument("--quants", default="none,q8_0,affine4")
-    p.add_argument("--variants", default="full,norm,act,attn,qkv,gemv")
+    p.add_argument("--variants", default="full,norm,act,attn,qkv,gemv",
+                   help="comma-separated; da: variants separate settings with ';'")
     p.add_argument("--context", type=int, default=2100)
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args()

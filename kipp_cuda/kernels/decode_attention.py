@@ -11,8 +11,13 @@ With FUSED_MERGE (the default) there is no second kernel: every split program, e
 stores its partial and then counts itself in on an int32 per (sequence, kv head) with an acq_rel
 atomic; the one that finds all the others already counted merges the partials of its query heads
 in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay.
-Otherwise a merge_splits kernel follows. EARLY_V_LOAD issues each tile's V load with its K load,
-before the QK dot and softmax, so that both are in flight together.
+Otherwise a merge_splits kernel follows. Each tile's V load is issued with its K load, before the
+QK dot and softmax, so that both are in flight together.
+
+With PREFETCH_KV (the default) a program loads its first K/V tile before its PDL wait, while the
+kernel before (q/k norm + RoPE + KV write) still runs: every cached position but the new token's
+was stored by earlier steps, and so were the block tables and context lengths. The one program
+whose first tile holds the new token (position ctx - 1) loads that tile again after the wait.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
 # splits still cost a launch slot and a merge read, so more is slower (scripts/kernel_sweep.py)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/kernel_sweep.py
-EARLY_V_LOAD = True  # load a tile's V together with its K, before the softmax math
+PREFETCH_KV = True  # load each program's first K/V tile before the PDL wait (see the top)
 MERGE_CHUNK = 4096  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3); batch 1 as 4
 NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/kernel_sweep.py)
@@ -43,13 +48,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
-                 n0, end, h, qk_scale,
-                 stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                 PRECISION: tl.constexpr, EARLY_V: tl.constexpr):
-    # One online-softmax step over KV positions [n0, min(n0 + BLOCK_N, end)); fp32 statistics.
+def _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0, end, h,
+               stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # K and V [BLOCK_N, HEAD_DIM] of KV positions [n0, min(n0 + BLOCK_N, end)) of kv head h,
+    # both loads issued before any math uses them (V in flight with K).
     pos = n0 + tl.arange(0, BLOCK_N)
     valid = pos < end
     if MASKED:
@@ -60,31 +64,35 @@ def _decode_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
     sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
     k = load_kv_tile(k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
                      MASKED, DOT_DTYPE)
-    if EARLY_V:  # V's (and its q8_0 scales') loads issued before the QK dot and softmax
-        v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                         MASKED, DOT_DTYPE)
+    v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
+                     MASKED, DOT_DTYPE)
+    return k, v
+
+
+@triton.jit
+def _tile_math(acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    # One online-softmax step over the loaded tile (positions [n0, end) valid); fp32 statistics.
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
     if MASKED:
-        qk = tl.where(valid[None, :], qk, float("-inf"))
+        qk = tl.where((n0 + tl.arange(0, BLOCK_N) < end)[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
     p = tl.math.exp2(qk - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if not EARLY_V:
-        v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                         MASKED, DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _attend_run(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads,
-                g_mask, start, end, qk_scale, stride_qb, stride_qh,
+                g_mask, start, end, ctx, k_pre, v_pre, qk_scale, stride_qb, stride_qh,
                 stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
                 BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                 PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                PRECISION: tl.constexpr, EARLY_V: tl.constexpr):
+                PRECISION: tl.constexpr, PREFETCH: tl.constexpr):
     # (acc, m, l) of the query heads `heads` over KV positions [start, end): fp32, log2 domain.
+    # With PREFETCH, k_pre/v_pre hold the first tile, loaded before the PDL wait.
     rd = tl.arange(0, HEAD_DIM)
     # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
@@ -93,18 +101,32 @@ def _attend_run(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_ro
     m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)  # fp32 accumulation
+    first = start
+    if PREFETCH:
+        first_end = tl.minimum(start + BLOCK_N, end)
+        if start < first_end:
+            if first_end == ctx:  # the tile holds this step's token, stored by the kernel before
+                k_pre, v_pre = _load_tile(
+                    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, start, first_end,
+                    h, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh, HEAD_DIM,
+                    BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE)
+            acc, m_i, l_i = _tile_math(acc, m_i, l_i, q, k_pre, v_pre, start, first_end,
+                                       qk_scale, BLOCK_N, True, DOT_DTYPE, PRECISION)
+        first = start + BLOCK_N
     # Whole tiles unmasked, then the sequence's ragged last tile, if any, masked.
-    full_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for n0 in range(start, full_end, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(
-            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0,
-            end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-            HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE, PRECISION, EARLY_V)
+    full_end = first + tl.maximum(end - first, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(first, full_end, BLOCK_N):
+        k, v = _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0, end, h,
+                          stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+                          HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE)
+        acc, m_i, l_i = _tile_math(acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N, False,
+                                   DOT_DTYPE, PRECISION)
     if full_end < end:
-        acc, m_i, l_i = _decode_tile(
-            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
-            full_end, end, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
-            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE, PRECISION, EARLY_V)
+        k, v = _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, full_end,
+                          end, h, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+                          stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE)
+        acc, m_i, l_i = _tile_math(acc, m_i, l_i, q, k, v, full_end, end, qk_scale, BLOCK_N, True,
+                                   DOT_DTYPE, PRECISION)
     return acc, m_i, l_i
 
 
@@ -119,12 +141,11 @@ def _paged_decode_attention_kernel(
     stride_bt,
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, EARLY_V: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     FUSED_MERGE: tl.constexpr, MERGE_H: tl.constexpr, BLOCK_S: tl.constexpr,
-    CHUNK_S: tl.constexpr, PDL: tl.constexpr,
+    CHUNK_S: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pdl_trigger(PDL)
-    pdl_wait(PDL)  # q and this step's K/V come from the kernel before
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -132,30 +153,47 @@ def _paged_decode_attention_kernel(
     rd = tl.arange(0, HEAD_DIM)
     g_mask = rg < G
     heads = h * G + rg
+    # Context lengths and block tables are written before the step, never by the kernel before.
     ctx = tl.load(context_lens_ptr + b)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     if ONE_SPLIT:
-        acc, m_i, l_i = _attend_run(
-            q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads, g_mask,
-            0, ctx, qk_scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_sb,
-            stride_ss, stride_sh, BLOCK_G, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, DOT_DTYPE,
-            PRECISION, EARLY_V)
-        # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        start = 0
+        end = ctx
     else:
         # Each sequence cuts its own context into runs of whole tiles (at least MIN_TILES), so a
         # graph captured for long contexts still spreads a short one over several programs.
         split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), MIN_TILES) * BLOCK_N
         start = split * split_len
+        end = tl.minimum(start + split_len, ctx)
+    k_pre = tl.zeros((BLOCK_N, HEAD_DIM), DOT_DTYPE)
+    v_pre = tl.zeros((BLOCK_N, HEAD_DIM), DOT_DTYPE)
+    if PREFETCH:
+        # The first tile's K/V are older steps' (only the new token's slot, position ctx - 1, is
+        # written by the kernel before; _attend_run reloads the tile that holds it), so they are
+        # read while that kernel still runs.
+        k_pre, v_pre = _load_tile(
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, start,
+            tl.minimum(start + BLOCK_N, end), h, stride_cb, stride_cs, stride_ch, stride_sb,
+            stride_ss, stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE)
+    pdl_wait(PDL)  # q and this step's K/V come from the kernel before
+    if ONE_SPLIT:
+        acc, m_i, l_i = _attend_run(
+            q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads, g_mask,
+            start, end, ctx, k_pre, v_pre, qk_scale, stride_qb, stride_qh, stride_cb, stride_cs,
+            stride_ch, stride_sb, stride_ss, stride_sh, BLOCK_G, HEAD_DIM, BLOCK_N, PAGE_SIZE,
+            IS_Q8, DOT_DTYPE, PRECISION, PREFETCH)
+        # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
         lse_ptrs = mid_lse_ptr + b * stride_lb + heads * stride_lh + split
         if start < ctx:
             acc, m_i, l_i = _attend_run(
                 q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads,
-                g_mask, start, tl.minimum(start + split_len, ctx), qk_scale, stride_qb,
-                stride_qh, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-                BLOCK_G, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, DOT_DTYPE, PRECISION, EARLY_V)
+                g_mask, start, end, ctx, k_pre, v_pre, qk_scale, stride_qb, stride_qh,
+                stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh, BLOCK_G,
+                HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, DOT_DTYPE, PRECISION, PREFETCH)
             tl.store(mid_o_ptr + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms
                      + rd[None, :], acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
                      mask=g_mask[:, None])
@@ -266,7 +304,7 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
         block_tables.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
         PAGE_SIZE=page_size, IS_Q8=is_q8, ONE_SPLIT=one_split, MIN_TILES=MIN_TILES_PER_SPLIT,
-        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", EARLY_V=EARLY_V_LOAD,
+        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", PREFETCH=PREFETCH_KV,
         FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, PDL=bool(pdl), **pdl,

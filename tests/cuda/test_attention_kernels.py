@@ -225,13 +225,13 @@ def test_decode_fused_merge_repeated_calls(dtype, merge_chunk, G, q8, short_spli
 @pytest.mark.parametrize("G", [2, 8])
 def test_decode_fused_and_unfused_merge_agree(dtype, G, q8, monkeypatch):
     # The default split length (MIN_TILES_PER_SPLIT tiles) over 4 and 16 splits (5 of them
-    # non-empty at most), fused and unfused merge, V loaded before and after the softmax: all
-    # within rounding of each other (the partials are fp32).
+    # non-empty at most), fused and unfused merge, the first tile loaded before the PDL wait or
+    # in the loop: all within rounding of each other (the partials are fp32).
     p, q, scale, ref = _fused_case(dtype, G, q8, ctx=(600, 129, 0, 1, 300, 256), seed=50 + G)
     for num_splits in (4, 16):
         outs = []
-        for early_v, fused in ((True, True), (True, False), (False, True)):
-            monkeypatch.setattr(dec, "EARLY_V_LOAD", early_v)
+        for prefetch, fused in ((True, True), (True, False), (False, True)):
+            monkeypatch.setattr(dec, "PREFETCH_KV", prefetch)
             outs.append(_decode_op(p, q, scale, num_splits, fused_merge=fused))
             assert_close(outs[-1], ref, dtype)
         for out in outs[1:]:

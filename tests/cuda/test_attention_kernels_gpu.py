@@ -112,6 +112,52 @@ def test_gpu_decode_fused_merge_deterministic(ctx):
 
 
 @gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_gpu_decode_sees_the_token_stored_just_before(graph):
+    # The decode kernel loads its first K/V tile before its PDL wait. The new token's slot is
+    # poisoned with NaN before each step and written by the KV-write kernel launched just before
+    # the attention: a program that kept the early (stale) load of that slot would return NaN.
+    # Contexts put the new token first in a split, last in a tile, alone in a tile, or at 1.
+    from kipp_cuda.kernels.qk_norm_rope import qk_norm_rope_kv_write, rope_cos_sin_cache
+
+    ctx = [2100, 1, 64, 65, 129, 2048, 4097]
+    hq, hkv, d = 32, 8, 128
+    kc, vc, _, _, bt, lens = _gpu_paged(ctx, hkv, seed=11)
+    B = len(ctx)
+    pos = lens.long() - 1
+    slots = bt.long().gather(1, (pos // 32)[:, None])[:, 0] * 32 + pos % 32
+    cos_sin = rope_cos_sin_cache(8192, d, 1e6, "cuda")
+    qn = torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5
+    kn = torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5
+    qkv = torch.randn(B, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        q = qk_norm_rope_kv_write(qkv, qn, kn, pos, cos_sin, hq, hkv, d, 1e-6, slots, kc, vc)
+        return dec.paged_decode_attention(q, kc, vc, bt, lens, d**-0.5, max_context_len=4097)
+
+    def poison():
+        kc.view(-1, hkv, d)[slots] = float("nan")
+        vc.view(-1, hkv, d)[slots] = float("nan")
+
+    out = step()  # warm-up (and the split counters, before capture)
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+    for _ in range(20):
+        poison()
+        if graph:
+            g.replay()
+        else:
+            out = step()
+        torch.cuda.synchronize()
+        q = qk_norm_rope_kv_write(qkv, qn, kn, pos, cos_sin, hq, hkv, d, 1e-6, slots, kc, vc)
+        assert not out.isnan().any()
+        assert_close(out, dec.paged_decode_attention_ref(q, kc, vc, bt, lens, d**-0.5),
+                     torch.bfloat16)
+
+
+@gpu
 @pytest.mark.parametrize("hq", [16, 32, 40, 64])
 @pytest.mark.parametrize("case", ["1x4k", "chunk-1k-after-7k", "mixed", "verify-q4",
                                   "verify-b1-16k"])
