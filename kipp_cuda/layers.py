@@ -40,7 +40,10 @@ class Q8Linear(nn.Module):
         return self.qs.shape[0]
 
     def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        return q8_0_matmul(x, self.qs, self.scales, act=act)  # SwiGLU fused at one token
+        # SwiGLU stays a launch of its own here: fused into the quantized GEMV's reads of x (as
+        # dense does) it made an 8B q8_0 step 0.44 ms slower, as each program recomputes the exp
+        # of every x; the launch costs 0.04 ms (BENCHMARKS.md, seventh session).
+        return q8_0_matmul(silu_and_mul(x) if act else x, self.qs, self.scales)
 
 
 class AffineLinear(nn.Module):
@@ -57,8 +60,8 @@ class AffineLinear(nn.Module):
         return self.wq.shape[0]
 
     def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        return affine_matmul(x, self.wq, self.scales, self.biases, self.bits, self.group_size,
-                             act=act)  # SwiGLU fused at one token
+        return affine_matmul(silu_and_mul(x) if act else x, self.wq, self.scales, self.biases,
+                             self.bits, self.group_size)
 
 
 def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:

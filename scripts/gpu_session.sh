@@ -112,17 +112,22 @@ bench8)
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
   ;;
-attnpre)  # seventh session: GPU tests of the decode-attention prefetch and the fused quantized
-  # SwiGLU, then the 8B decode step with attention variants
-  step "GPU tests: decode attention, quantized GEMVs, PDL"
-  timeout 300 python -m pytest -q -p no:cacheprovider --timeout 280 \
-    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_matmul_kernels.py \
+attnpre)  # seventh session: GPU tests of the decode-attention prefetch, the 8B decode step with
+  # attention variants, ncu of the batch-1 decode attention kernel in that step
+  step "GPU tests: decode attention, PDL"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 190 \
+    tests/cuda/test_attention_kernels_gpu.py -k decode \
     "tests/cuda/test_backend.py::test_gpu_pdl_decode_equals_plain_launches" 2>&1 \
-    | tee "$OUT/tests_call2.log" | grep -E "passed|failed|FAIL|Error" | tail -12
+    | tee "$OUT/tests_call3.log" | grep -E "passed|failed|FAIL|Error" | tail -12
   step "step variants"
-  timeout 300 python scripts/step_ablation.py --variants \
-    "full,da:PREFETCH_KV=0,da:MIN_TILES_PER_SPLIT=1,da:NUM_WARPS=4,da:MIN_TILES_PER_SPLIT=1;NUM_WARPS=4,attn,norm" \
-    2>&1 | tee "$OUT/step_variants.log" | grep -vE "Warning|warn" | tail -8
+  timeout 300 python scripts/step_ablation.py --variants "full,da:PREFETCH_KV=0,da:NUM_WARPS_SPLIT=2,da:NUM_WARPS_SPLIT=8,da:MERGE_CHUNK=8192,da:MERGE_CHUNK=16384,attn" \
+    2>&1 | tee "$OUT/step_variants3.log" | grep -vE "Warning|warn" | tail -8
+  step "ncu: decode attention in the 8B bf16 step"
+  timeout 150 ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 100 \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section LaunchStats --section MemoryWorkloadAnalysis python scripts/step_ablation.py \
+    --quants none --variants full --steps 5 > "$OUT/ncu_attn.txt" 2>&1
+  grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Stall|Block Size|Grid Size|Waves" "$OUT/ncu_attn.txt" | head -30
   ;;
 ablate)  # what each kind of small kernel costs an 8B batch-1 decode step (left out of the graph)
   step "step ablation ${2:-qwen3-8b}"

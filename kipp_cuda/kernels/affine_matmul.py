@@ -21,7 +21,7 @@ from kipp_cuda.kernels.bits import (
     byte_floats,
     load_scalar,
     load_words,
-    load_x8_act,
+    load_x8,
     nibble_floats,
     sum8,
 )
@@ -38,7 +38,6 @@ from kipp_cuda.kernels.matmul_tiles import (
 )
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.q8_0_matmul import _MAGIC, GEMV_MAX_T, gemv_rows, matmul_config, rotate
-from kipp_cuda.kernels.swiglu import gate_up_input, silu_and_mul_ref
 from kipp_cuda.kernels.tuned import tuned_config
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -94,10 +93,8 @@ def _affine_gemv_kernel(
     stride_wn, stride_sn, stride_bn,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
-    ACT: tl.constexpr,
 ):
-    # One token (x: [K], or with ACT a gate_up row [2K] taken through SwiGLU as it is read).
-    # The tile layout of q8_0_matmul's GEMV: element (n, g) is group g of
+    # One token (x: [K]). The tile layout of q8_0_matmul's GEMV: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
     # b sum(x), and with bits.py's f (2 + q / 128, or 2 + q / 8 for odd nibbles, whose x is
     # taken / 16): sum(x q) = 128 (sum(x f) - 2 sum(x')), x' the x so scaled.
@@ -130,7 +127,7 @@ def _affine_gemv_kernel(
         x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
         x_scaled = tl.zeros([BLOCK_G], dtype=tl.float32)
         for c in tl.static_range(GROUP // 8):  # 8 values of x at a time
-            x = load_x8_act(x_ptr, g * GROUP + 8 * c, num_groups * GROUP, ASM, ACT)
+            x = load_x8(x_ptr, g * GROUP + 8 * c, ASM)
             if BITS == 4:  # one word: nibbles 2c..2c+7 of the group
                 f = nibble_floats(w[c], ASM)
                 x1, x3, x5, x7 = x[1] * 0.0625, x[3] * 0.0625, x[5] * 0.0625, x[7] * 0.0625
@@ -262,12 +259,10 @@ def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device,
 
 
 def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict | None = None,
-                out: torch.Tensor | None = None, asm: bool | None = None,
-                act: bool = False) -> torch.Tensor:
+                out: torch.Tensor | None = None, asm: bool | None = None) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
-    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path); act:
-    x is a gate_up row [1, 2K], taken through SwiGLU in the kernel."""
-    N, K = wq.shape[0], wq.shape[1] * 32 // bits
+    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
+    N, K = wq.shape[0], x.shape[1]
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
@@ -283,24 +278,19 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
         wq.stride(0), scales.stride(0), biases.stride(0),
         BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
         SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl), ASM=not interpreting() if asm is None else asm,
-        ACT=act, **launch_options(cfg), **pdl,
+        **launch_options(cfg), **pdl,
     )
     return out
 
 
 def _affine_matmul_op(x: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor,
-                      biases: torch.Tensor, bits: int, group_size: int,
-                      act: bool = False) -> torch.Tensor:
-    """act: x is a gate_up output [T, 2K], multiplied as silu(gate) * up (fused into the GEMV at
-    T = 1, a silu_and_mul launch before the matmul otherwise)."""
-    K = wq.shape[-1] * 32 // bits if bits in (4, 8) else -1
-    x, act = gate_up_input(x, K, act, GEMV_MAX_T, "affine_matmul")
-    _check(x[:, :K] if act else x, wq, scales, biases, bits, group_size)
+                      biases: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+    _check(x, wq, scales, biases, bits, group_size)
     if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
         raise ValueError("affine_matmul needs every operand's last dimension contiguous")
     if wq.dtype == torch.uint32:
         wq = wq.view(torch.int32)
-    T = x.shape[0]
+    T, K = x.shape
     N = wq.shape[0]
     out = torch.empty((T, N), dtype=x.dtype, device=x.device)
     if T == 0 or N == 0:
@@ -308,7 +298,7 @@ def _affine_matmul_op(x: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor,
     if K == 0:
         return out.zero_()
     if T <= GEMV_MAX_T:
-        return affine_gemv(x, wq, scales, biases, bits, group_size, out=out, act=act)
+        return affine_gemv(x, wq, scales, biases, bits, group_size, out=out)
     cfg = matmul_config(T, N, K, x.device, x.dtype, group_size)
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     bk = max(bk, group_size)
@@ -339,10 +329,7 @@ def dequantize_affine_ref(wq, scales, biases, bits: int, group_size: int) -> tor
     return out.reshape(q.shape)
 
 
-def affine_matmul_ref(x, wq, scales, biases, bits: int, group_size: int,
-                      act: bool = False) -> torch.Tensor:
-    if act:
-        x = silu_and_mul_ref(x)
+def affine_matmul_ref(x, wq, scales, biases, bits: int, group_size: int) -> torch.Tensor:
     _check(x, wq, scales, biases, bits, group_size)
     w = dequantize_affine_ref(wq, scales, biases, bits, group_size)
     return (x.float() @ w.T).to(x.dtype)

@@ -183,26 +183,5 @@ def load_x8(x_ptr, first, ASM: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul(g, u, dtype: tl.constexpr):
-    # silu(g) * u in fp32, rounded to the activation dtype as swiglu.silu_and_mul rounds it
-    return (g / (1.0 + tl.exp(-g)) * u).to(dtype).to(tl.float32)
-
-
-@triton.jit
-def load_x8_act(x_ptr, first, up, ASM: tl.constexpr, ACT: tl.constexpr):
-    """load_x8, or with ACT the SwiGLU of a gate_up row x [2 * up]: silu(x[first + i]) *
-    x[up + first + i], computed and rounded as silu_and_mul does, so that a down_proj GEMV needs
-    no separate activation launch."""
-    if ACT:
-        g = load_x8(x_ptr, first, ASM)
-        u = load_x8(x_ptr, up + first, ASM)
-        dt: tl.constexpr = x_ptr.dtype.element_ty
-        return (_silu_mul(g[0], u[0], dt), _silu_mul(g[1], u[1], dt), _silu_mul(g[2], u[2], dt),
-                _silu_mul(g[3], u[3], dt), _silu_mul(g[4], u[4], dt), _silu_mul(g[5], u[5], dt),
-                _silu_mul(g[6], u[6], dt), _silu_mul(g[7], u[7], dt))
-    return load_x8(x_ptr, first, ASM)
-
-
-@triton.jit
 def sum8(x):
     return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))

@@ -42,7 +42,9 @@ PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs p
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/kernel_sweep.py
 PREFETCH_KV = True  # load each program's first K/V tile before the PDL wait (see the top)
 MERGE_CHUNK = 4096  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads
-NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3); batch 1 as 4
+NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
+NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
+# 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
 NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/kernel_sweep.py)
 LOG2E = 1.4426950408889634
 
@@ -307,7 +309,8 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
         DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", PREFETCH=PREFETCH_KV,
         FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, PDL=bool(pdl), **pdl,
+        num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT, num_stages=NUM_STAGES,
+        PDL=bool(pdl), **pdl,
     )
     if not one_split and not fused:
         merge_splits(out, mid_o, mid_lse)

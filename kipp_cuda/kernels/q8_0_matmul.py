@@ -27,14 +27,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import (
-    aligned_x,
-    byte_floats,
-    load_scalar,
-    load_words,
-    load_x8_act,
-    sum8,
-)
+from kipp_cuda.kernels.bits import aligned_x, byte_floats, load_scalar, load_words, load_x8, sum8
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -48,7 +41,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     tile_ids,
 )
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
-from kipp_cuda.kernels.swiglu import gate_up_input, silu_and_mul_ref
 from kipp_cuda.kernels.tuned import tuned_config
 
 QK8_0 = 32
@@ -83,12 +75,11 @@ def _q8_0_gemv_kernel(
     N, num_groups, groups_per_split,
     stride_qn, stride_dn,
     BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-    ASM: tl.constexpr, PREFETCH: tl.constexpr, ACT: tl.constexpr,
+    ASM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # One token (x: [K], or with ACT a gate_up row [2K] taken through SwiGLU as it is read).
-    # Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G] tile is group g of
-    # row n, 8 words and a scale held by one thread, so the math needs no layout change; a
-    # thread's elements share groups, so their x is loaded and summed once.
+    # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
+    # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
+    # layout change; a thread's elements share groups, so their x is loaded and summed once.
     # Rows past N read row N - 1 and groups past the split read its last group (masked out).
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
@@ -114,7 +105,7 @@ def _q8_0_gemv_kernel(
         xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
         x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
         for j in tl.static_range(4):  # 8 values of x and 2 words at a time
-            x = load_x8_act(x_ptr, g * 32 + 8 * j, num_groups * 32, ASM, ACT)
+            x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
             x_sum += sum8(x)
             f0, f1, f2, f3 = byte_floats(w[2 * j], True, ASM)
             f4, f5, f6, f7 = byte_floats(w[2 * j + 1], True, ASM)
@@ -254,11 +245,9 @@ def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
 
 
 def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict | None = None,
-              out: torch.Tensor | None = None, asm: bool | None = None,
-              act: bool = False) -> torch.Tensor:
+              out: torch.Tensor | None = None, asm: bool | None = None) -> torch.Tensor:
     """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
-    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path); act:
-    x is a gate_up row [1, 2K], taken through SwiGLU in the kernel."""
+    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
     N, K = qs.shape
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -274,28 +263,24 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
         N, num_groups, per_split,
         qs.stride(0) // 4, d.stride(0),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
-        ASM=not interpreting() if asm is None else asm, ACT=act, **launch_options(cfg), **pdl,
+        ASM=not interpreting() if asm is None else asm, **launch_options(cfg), **pdl,
     )
     return out
 
 
-def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor,
-                    act: bool = False) -> torch.Tensor:
-    """act: x is a gate_up output [T, 2K], multiplied as silu(gate) * up (fused into the GEMV at
-    T = 1, a silu_and_mul launch before the matmul otherwise)."""
-    x, act = gate_up_input(x, qs.shape[-1], act, GEMV_MAX_T, "q8_0_matmul")
-    _check(x[:, : qs.shape[-1]] if act else x, qs, d)
+def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    _check(x, qs, d)
     if x.stride(1) != 1 or qs.stride(1) != 1 or d.stride(1) != 1:
         raise ValueError("q8_0_matmul needs x, qs and d with the last dimension contiguous")
-    T = x.shape[0]
-    N, K = qs.shape
+    T, K = x.shape
+    N = qs.shape[0]
     out = torch.empty((T, N), dtype=x.dtype, device=x.device)
     if T == 0 or N == 0:
         return out
     if K == 0:
         return out.zero_()
     if T <= GEMV_MAX_T:
-        return q8_0_gemv(x, qs, d, out=out, act=act)
+        return q8_0_gemv(x, qs, d, out=out)
     cfg = matmul_config(T, N, K, x.device, x.dtype)
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     per_split = triton.cdiv(triton.cdiv(K, bk), split) * bk
@@ -319,10 +304,7 @@ def dequantize_q8_0_ref(qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return g.reshape(qs.shape)
 
 
-def q8_0_matmul_ref(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor,
-                    act: bool = False) -> torch.Tensor:
-    if act:
-        x = silu_and_mul_ref(x)
+def q8_0_matmul_ref(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     _check(x, qs, d)
     return (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
 

@@ -60,20 +60,6 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 silu_and_mul = dispatch("silu_and_mul", _silu_and_mul_op, silu_and_mul_ref)
 
 
-def gate_up_input(x: torch.Tensor, K: int, act: bool, fused_max_t: int, name: str):
-    """The (x, act) a down_proj matmul of inner size K runs on: with act, x must be a gate_up
-    output [T, 2K]; up to fused_max_t tokens the matmul's GEMV applies SwiGLU as it reads x (act
-    stays), larger T gets a silu_and_mul launch here (act cleared)."""
-    if not act:
-        return x, False
-    if x.dim() != 2 or x.shape[1] != 2 * K:
-        raise ValueError(f"{name} with act=True needs a gate_up x [T, {2 * K}], got "
-                         f"{tuple(x.shape)}")
-    if x.shape[0] > fused_max_t:
-        return silu_and_mul(x), False
-    return x, True
-
-
 def bench_specs(device: str = "cuda") -> list[dict]:
     """Qwen3 0.6B / 8B intermediate sizes."""
     from kipp_cuda.kernels.bench import MODELS, TOKENS

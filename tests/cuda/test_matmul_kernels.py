@@ -169,35 +169,6 @@ def test_quantized_gemv_launch_options(cfg):
               torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_quantized_down_proj_fuses_swiglu(dtype):
-    """act=True: a gate_up row [T, 2K] goes through silu(gate) * up before the matmul. At T = 1
-    the GEMV applies it as it reads x, computed and rounded as the silu_and_mul kernel does, so
-    on a GPU the result equals the GEMV of that kernel's output bit for bit (under the
-    interpreter numpy's exp may differ by an ulp between array lengths); at T = 3 a silu_and_mul
-    launch comes first. Both against the reference (silu_and_mul_ref, then the dequantized
-    weights)."""
-    from kipp_cuda.kernels.swiglu import _silu_and_mul_op
-
-    N, K = 37, 320
-    qs, d, _ = q8_weights(N, K, seed=21)
-    wq, s, b, _ = affine_weights(N, K, 4, 32, seed=22, sdtype=torch.bfloat16)
-    for T in (1, 3):
-        gu = randn(T, 2 * K, dtype=dtype, seed=23 + T, scale=3.0)
-        act = run(_silu_and_mul_op, gu)
-        cases = [(qm._q8_0_matmul_op, qm.q8_0_matmul_ref, (qs, d)),
-                 (am._affine_matmul_op, am.affine_matmul_ref, (wq, s, b, 4, 32))]
-        for op, ref, w in cases:
-            fused = run(op, gu, *w, act=True)
-            close(fused, ref(gu, *w, act=True), dtype)
-            if T == 1 and HAS_CUDA:
-                assert torch.equal(fused, op(act, *w))
-            elif T == 1:
-                same_sums(fused, op(act, *w))
-            with pytest.raises(ValueError, match="gate_up x"):
-                op(act, *w, act=True)
-
-
 def test_quantized_gemv_takes_unaligned_views():
     """The GEMVs read x and the weight rows 16 bytes at a time: views that start off that
     alignment (a 2-byte offset into x, a 1-byte offset into qs, a word into wq) are copied, not
