@@ -35,12 +35,13 @@ targets() {  # the issue-4 decode targets: 0.6B (batch 1, throughput, prefix cac
     --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
   decode8 b8 120
 }
-decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/$1_<quant>.json; timeout $2)
+decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/$1_<quant>.json; timeout $2;
+  # prompt length $3, default 2048)
   for q in none q8_0 affine4; do
-    step "8B $q, batch 1"
+    step "8B $q, batch 1, prompt ${3:-2048}"
     qa=""; [ "$q" != none ] && qa="--quant $q"
     timeout "$2" python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
-      --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --batch-sizes 1 --prompt-len "${3:-2048}" --gen-len 128 --kv-cache-memory 16GiB \
       --json "$OUT/$1_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
   done
 }
@@ -283,6 +284,21 @@ qgemv3)  # sixth session: the quantized GEMVs' prefetch and register-cap variant
     --json "$OUT/sweep_quant4.json" 2>&1 | tee "$OUT/sweep_quant4.log" | grep -E -A1 "default|wrote|Error" | cut -c1-150
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
   bash "$0" quant
+  ;;
+final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
+  # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts
+  # of 2048 and 128 tokens
+  step "decode attention and PDL tests on the GPU"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 190 \
+    tests/cuda/test_attention_kernels_gpu.py -k "decode_cuda_graph or fused_merge or sees_the_token" \
+    "tests/cuda/test_backend.py::test_gpu_pdl_decode_equals_plain_launches" 2>&1 \
+    | tee "$OUT/tests_final7.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+  step "0.6B batch-1 decode (transformers peer)"
+  timeout 200 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --kv-cache-memory 48GiB --peers transformers \
+    --json "$OUT/b06_final7.json" 2>&1 | grep -E "\| (kipp|trans)" | cut -c1-200 | tail -3
+  decode8 b8f7 90
+  decode8 b8s7 60 128
   ;;
 final6)  # sixth session's last call: the quantized GEMV GPU tests with the tuned table of qgemv3
   # (PREFETCH off and maxnreg configs at the 8B shapes), PDL on = off, then 8B bf16/q8_0/affine4

@@ -14,10 +14,11 @@ in split order (deterministic) and re-arms the counter to 0 for the next call or
 Otherwise a merge_splits kernel follows. Each tile's V load is issued with its K load, before the
 QK dot and softmax, so that both are in flight together.
 
-With PREFETCH_KV (the default) a program loads its first K/V tile before its PDL wait, while the
-kernel before (q/k norm + RoPE + KV write) still runs: every cached position but the new token's
-was stored by earlier steps, and so were the block tables and context lengths. The one program
-whose first tile holds the new token (position ctx - 1) loads that tile again after the wait.
+With PREFETCH_KV (the default) a split program loads its first K/V tile before its PDL wait,
+while the kernel before (q/k norm + RoPE + KV write) still runs: every cached position but the
+new token's was stored by earlier steps, and so were the block tables and context lengths. The
+one program whose first tile holds the new token (position ctx - 1) loads that tile again after
+the wait.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
 # splits still cost a launch slot and a merge read, so more is slower (scripts/kernel_sweep.py)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/kernel_sweep.py
-PREFETCH_KV = True  # load each program's first K/V tile before the PDL wait (see the top)
-MERGE_CHUNK = 4096  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads
+PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
+# -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py); one-split (large-batch) launches
+# keep their measured 2-warp kernel unchanged
+MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads;
+# 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096 (step_ablation.py)
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
 # 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
@@ -306,7 +310,8 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
         block_tables.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
         PAGE_SIZE=page_size, IS_Q8=is_q8, ONE_SPLIT=one_split, MIN_TILES=MIN_TILES_PER_SPLIT,
-        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32", PREFETCH=PREFETCH_KV,
+        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32",
+        PREFETCH=PREFETCH_KV and not one_split,
         FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
         num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT, num_stages=NUM_STAGES,

@@ -64,8 +64,9 @@ def merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, t, heads, head_mask, num_s
                      CHUNK_S: tl.constexpr):
     """merge_splits_kernel's math for the query heads `heads` ([BLOCK_H], `head_mask` the real
     ones) of token t at once. Splits from `used_splits` on must be empty (lse -inf): they weigh 0
-    and are not visited. Partials are read with .cg, through L2: this SM's L1 may hold stale
-    lines of them (written by other programs, or left from an earlier call)."""
+    and are not visited; those before it must all hold positions (their partials are read
+    without waiting for their weights). Partials are read with .cg, through L2: this SM's L1 may
+    hold stale lines of them (written by other programs, or left from an earlier call)."""
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, HEAD_DIM)
     lse_rows = mid_lse_ptr + t * stride_lt + heads[:, None] * stride_lh  # [BLOCK_H, 1]
@@ -82,7 +83,9 @@ def merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, t, heads, head_mask, num_s
                         mask=head_mask[:, None] & (rc < num_splits)[None, :],
                         other=float("-inf"), cache_modifier=".cg")
         w = tl.math.exp2(lse_c - lse_max[:, None])  # [BLOCK_H, CHUNK_S]
-        o = tl.load(o_rows + rc[None, :, None] * stride_ms, mask=(w > 0)[:, :, None], other=0.0,
+        # masked by position only, not by w: the loads go out with the lse loads, not after them
+        o = tl.load(o_rows + rc[None, :, None] * stride_ms,
+                    mask=head_mask[:, None, None] & (rc < used_splits)[None, :, None], other=0.0,
                     cache_modifier=".cg")
         acc += tl.sum(o * w[:, :, None], axis=1)
     o = acc / tl.where(den > 0, den, 1.0)[:, None]
