@@ -2,7 +2,9 @@
 kipp_cuda.kernels, paged KV through the attention metadata. Tokens are flattened: [T, hidden].
 
 Tensor parallelism (tp_size > 1): qkv_proj/gate_up_proj are column-parallel (local heads),
-o_proj/down_proj row-parallel with one all-reduce each, embedding and head split by vocabulary.
+o_proj/down_proj row-parallel, embedding and head split by vocabulary. A row-parallel output is
+all-reduced together with the residual add and RMSNorm after it (tp_reduce.TPReduce.reduce_norm),
+so a layer takes and returns its hidden state as this rank's partial, before that all-reduce.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from torch import nn
 from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
-from kipp_cuda.kernels.rms_norm import rms_norm
 from kipp_cuda.layers import embed
+from kipp_cuda.tp_reduce import TPReduce
 
 
 class Qwen3Layer(nn.Module):
@@ -35,23 +37,15 @@ class Qwen3Layer(nn.Module):
             self.register_buffer(name, w)
 
     def forward(self, positions, hidden, residual, kv: LayerKV, meta: AttentionMetadata, cos_sin):
-        if residual is None:
-            residual = hidden
-            h = rms_norm(hidden, self.input_layernorm, self.eps)
-        else:
-            h, residual = rms_norm(hidden, self.input_layernorm, self.eps, residual)
+        # hidden: this rank's partial of the layer input (the embedding or the previous layer's
+        # down_proj output), all-reduced here with the residual add and the input norm
+        h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
         T = h.shape[0]
         q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
         a = attention(q, kv, meta, self.head_dim**-0.5)
-        o = self._reduce(self.o_proj(a.reshape(T, -1)))
-        h, residual = rms_norm(o, self.post_attention_layernorm, self.eps, residual)
-        out = self._reduce(self.down_proj(self.gate_up_proj(h), act=True))
-        return out, residual
-
-    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size > 1:
-            dist.all_reduce(x)
-        return x
+        h, residual = self.tp.reduce_norm(self.o_proj(a.reshape(T, -1)), residual,
+                                          self.post_attention_layernorm, self.eps)
+        return self.down_proj(self.gate_up_proj(h), act=True), residual
 
 
 class Qwen3Model(nn.Module):
@@ -70,8 +64,13 @@ class Qwen3Model(nn.Module):
         dev = norm.device
         self.register_buffer("cos_sin", rope_cos_sin_cache(cfg.max_position_embeddings,
                                                            cfg.head_dim, cfg.rope_theta, dev))
+        # every layer's two norms and the final one: 2 L + 1 call sites a forward
+        self.tp = TPReduce(tp_rank, tp_size, 2 * len(layers) + 1, cfg.hidden_size, dtype, dev)
+        for layer in self.layers:
+            layer.tp = self.tp
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial of the embedding (the first layer all-reduces it)."""
         if self.tp_size == 1:
             return embed(self.embed_tokens, input_ids).to(self.dtype)
         # Vocabulary-parallel: each rank holds rows [lo, lo + n); others contribute zeros.
@@ -79,18 +78,17 @@ class Qwen3Model(nn.Module):
         local = input_ids - lo
         inside = (local >= 0) & (local < self.vocab_per_rank)
         x = embed(self.embed_tokens, torch.where(inside, local, 0)).to(self.dtype)
-        x = x * inside[:, None].to(x.dtype)
-        dist.all_reduce(x)
-        return x
+        return x * inside[:, None].to(x.dtype)
 
     def forward(self, input_ids, positions, kv_caches: list[LayerKV],
                 meta: AttentionMetadata) -> torch.Tensor:
         """Final-normed hidden states [T, hidden]."""
+        self.tp.begin()
         hidden = self.embed(input_ids)
         residual = None
         for layer, kv in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv, meta, self.cos_sin)
-        h, _ = rms_norm(hidden, self.norm, self.config.rms_norm_eps, residual)
+        h, _ = self.tp.reduce_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 import kipp_cuda.kernels.decode_attention as decode_attention
 import kipp_cuda.layers as layers
 import kipp_cuda.model as model_mod
+import kipp_cuda.tp_reduce as tp_reduce
 from kipp_core.backend import BackendOptions
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.tiny import random_checkpoint
@@ -50,7 +51,7 @@ def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
 
 
 PATCHES = {
-    "norm": [(model_mod, "rms_norm", _no_norm)],
+    "norm": [(tp_reduce, "rms_norm", _no_norm)],
     "act": [(layers, "silu_and_mul", _no_act)],
     "attn": [(model_mod, "attention", _no_attn)],
     "qkv": [(model_mod, "store_qkv", _no_qkv)],

@@ -1,21 +1,23 @@
 """Where a tensor-parallel decode step's time goes: the batch-1 decode graph of each rank, replayed
 back to back (no engine, no host work between steps), with the layers' all-reduce done different
-ways. Every variant is captured into its own graph; its logits are checked against NCCL's.
+ways (TPReduce.mode). Every variant is captured into its own graph; its logits are checked
+against the first variant's.
 
-  nccl      dist.all_reduce on the activation (what the model does)
+  peer      the fused push/flag all-reduce + residual + RMSNorm kernel (what the model does at
+            TP = 2 on GPUs; kernels/allreduce_rms_norm.py)
+  nccl      dist.all_reduce on the activation, then rms_norm
   none      no all-reduce at all: the compute floor of a rank (logits are wrong, by design)
-  symm      torch symmetric memory's one-shot all-reduce (copy in, reduce out of the peers)
-  ncclwin   dist.all_reduce on a buffer registered as an NCCL symmetric window (NCCL >= 2.27
-            then runs its symmetric low-latency kernels)
+
+(The fifth session's variants, torch symmetric memory's one-shot all-reduce and NCCL symmetric
+windows, are in BENCHMARKS.md; neither beat NCCL by more than 0.11 ms a step.)
 
 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python scripts/tp_step_profile.py \
-    --shape qwen3-8b --variants nccl,none,symm,ncclwin [--profile]
+    --shape qwen3-8b --variants peer,nccl,none [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 
 import torch
@@ -29,80 +31,6 @@ from kipp_cuda.runner import CTX, POS
 from kipp_cuda.tp_backend import SAFE_ENV, _free_port, _init
 
 
-def _libnccl() -> ctypes.CDLL:
-    """The NCCL library this process already loaded (torch's), by its path in /proc/self/maps."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "libnccl" in line}
-    if not paths:
-        raise RuntimeError("no libnccl loaded in this process")
-    return ctypes.CDLL(sorted(paths)[0])
-
-
-def _pair(make, n):
-    """Two buffers used in turn: a peer still reading buffer i of call k is done with it before
-    this rank can start call k + 2 (each call begins with a barrier)."""
-    bufs, turn = [make(n) for _ in range(2)], [0]
-
-    def take(numel):
-        b = bufs[turn[0]][:numel]
-        turn[0] ^= 1
-        return b
-    return take
-
-
-def _reducers(device, dtype, hidden, world):
-    """name -> (a function x -> all-reduced x, or None for plain NCCL), where available."""
-    group = dist.group.WORLD
-    out, notes = {"nccl": None, "none": lambda x: x}, []
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        def make_symm(n):
-            b = symm_mem.empty(n, device=device, dtype=dtype)
-            symm_mem.rendezvous(b, group.group_name)
-            return b
-        take = _pair(make_symm, hidden)
-        ops = torch.ops.symm_mem
-
-        def symm(x):
-            b = take(x.numel())
-            b.copy_(x.view(-1))
-            return ops.one_shot_all_reduce(b, "sum", group.group_name).view_as(x)
-        out["symm"] = symm
-    except Exception as e:  # not in this torch build
-        notes.append(f"symm unavailable: {type(e).__name__}: {str(e)[:120]}")
-    try:
-        backend = group._get_backend(device)
-        lib = _libnccl()
-        pool = torch.cuda.MemPool(backend.mem_allocator)
-        comm = ctypes.c_void_p(backend._comm_ptr())
-        keep = []
-
-        def make_win(n):
-            with torch.cuda.use_mem_pool(pool):
-                b = torch.zeros(n, dtype=dtype, device=device)
-            torch.cuda.synchronize(device)
-            win = ctypes.c_void_p()
-            rc = lib.ncclCommWindowRegister(comm, ctypes.c_void_p(b.data_ptr()),
-                                            ctypes.c_size_t(b.numel() * b.element_size()),
-                                            ctypes.byref(win), ctypes.c_int(1))  # SYMMETRIC
-            if rc != 0 or not win.value:
-                raise RuntimeError(f"ncclCommWindowRegister returned {rc}")
-            keep.append((pool, win))
-            return b
-        take_w = _pair(make_win, hidden)
-
-        def ncclwin(x):
-            b = take_w(x.numel())
-            b.copy_(x.view(-1))
-            dist.all_reduce(b)
-            return b.view_as(x)
-        out["ncclwin"] = ncclwin
-    except Exception as e:
-        notes.append(f"ncclwin unavailable: {type(e).__name__}: {str(e)[:160]}")
-    return out, notes
-
-
 def _rank(rank, world, port, path, args, results):
     from kipp_cuda.backend import ShardBackend
 
@@ -112,16 +40,12 @@ def _rank(rank, world, port, path, args, results):
     shard = ShardBackend(Checkpoint(path), opts, device, rank, world)
     runner, model = shard.runner, shard.model
     runner.g_in[CTX, 0], runner.g_in[POS, 0] = args.context, args.context - 1
-    reducers, notes = _reducers(device, model.dtype, model.config.hidden_size, world)
-    rows, ref = [], None
+    rows, ref, notes = [], None, [f"model's own mode: {model.tp.mode}"]
     for name in args.variants.split(","):
-        if name not in reducers:
+        if name == "peer" and not hasattr(model.tp, "recv"):
             rows.append((name, float("nan"), "not available"))
             continue
-        for layer in model.layers:
-            layer.__dict__.pop("_reduce", None)
-            if reducers[name] is not None:
-                layer._reduce = reducers[name]
+        model.tp.mode = name
         fn = runner._graph_fn("decode", 1)
         fn()
         dist.barrier()
@@ -173,7 +97,7 @@ def _profile(g, device, path):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-8b")
-    p.add_argument("--variants", default="nccl,none,symm,ncclwin")
+    p.add_argument("--variants", default="peer,nccl,none")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--world", type=int, default=2)

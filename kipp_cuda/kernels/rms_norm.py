@@ -36,12 +36,25 @@ def _rms_norm_kernel(
         r = tl.load(res_ptr + t * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         s = (s + r).to(dtype).to(tl.float32)  # rounded like a model-dtype add
         tl.store(res_out_ptr + t * stride_ro + cols, s.to(dtype), mask=mask)
+    tl.store(out_ptr + t * stride_o + cols, norm_row(s, w, H, eps, dtype), mask=mask)
+
+
+@triton.jit
+def norm_row(s, w, H, eps, dtype: tl.constexpr):
+    """RMSNorm of one fp32 row s (zeros past H) times w, rounded as the model rounds it."""
     var = tl.sum(s * s, axis=0) / H
     h = (s * tl.math.rsqrt(var + eps)).to(dtype).to(tl.float32)
-    tl.store(out_ptr + t * stride_o + cols, (h * w).to(dtype), mask=mask)
+    return (h * w).to(dtype)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
+def row_launch(H: int) -> tuple[int, int]:
+    """(BLOCK_H, num_warps) of a one-row-a-program norm: ~8 elements a thread. Kernels that must
+    round like rms_norm use the same pair, so that tl.sum reduces in the same order."""
+    block_h = triton.next_power_of_2(H)
+    return block_h, min(16, max(1, block_h // 256))
+
+
+def check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
     if x.dim() != 2 or weight.shape != (x.shape[1],):
         raise ValueError(f"rms_norm needs x [T, H] and weight [H], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -52,7 +65,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
 
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None):
-    _check(x, weight, residual)
+    check_norm_args(x, weight, residual)
     T, H = x.shape
     if x.stride(-1) != 1 or weight.stride(-1) != 1 or (
             residual is not None and residual.stride(-1) != 1):
@@ -61,8 +74,7 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res_out = torch.empty_like(out) if residual is not None else out
     if T == 0:
         return out if residual is None else (out, res_out)
-    block_h = triton.next_power_of_2(H)
-    num_warps = min(16, max(1, block_h // 256))  # ~8 elements a thread
+    block_h, num_warps = row_launch(H)
     pdl = launch_kwargs(x.device)
     _rms_norm_kernel[(T,)](
         x, residual if residual is not None else x, weight, out, res_out,
@@ -77,7 +89,7 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None):
-    _check(x, weight, residual)
+    check_norm_args(x, weight, residual)
     s = x if residual is None else (x + residual).to(x.dtype)
     h = s.float() * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + eps)
     out = (h.to(x.dtype).float() * weight.float()).to(x.dtype)
