@@ -56,7 +56,7 @@ tp8_decode() {  # 8B batch-1 decode at TP=1 and TP=2
     timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
       --tensor-parallel $tp --batch-sizes 1 --prompt-len 512 --gen-len 128 \
       --kv-cache-memory 16GiB --max-model-len 8192 --json "$OUT/bench8_tp$tp.json" 2>&1 \
-      | grep -E "\| kipp" | tail -1
+      | grep -E "\| kipp|ready|rror" | cut -c1-220 | tail -3
   done
 }
 
@@ -112,6 +112,17 @@ bench8)
   timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/bench8_16k.json" 2>&1 | grep -E "kipp|\|" | tail -6
+  ;;
+tppeer)  # seventh session, 2 GPUs: the fused peer all-reduce + RMSNorm at TP = 2: a rank's decode
+  # step with peer / NCCL / no all-reduce, 8B TP=1 and TP=2 decode, its unit tests
+  step "tp step profile qwen3-8b: peer, nccl, none"
+  timeout 220 python scripts/tp_step_profile.py --shape qwen3-8b --variants peer,nccl,none 2>&1 \
+    | tee "$OUT/tp_step_profile.log" | grep -vE "^\[|Warning|warn" | tail -8
+  tp8_decode
+  step "fused all-reduce tests (1 and 2 GPUs)"
+  timeout 150 python -m pytest -q -p no:cacheprovider --timeout 140 \
+    tests/cuda/test_allreduce_rms_norm.py 2>&1 | tee "$OUT/tests_tppeer.log" \
+    | grep -E "passed|failed|FAIL|Error" | tail -6
   ;;
 attnpre)  # seventh session: GPU tests of the decode-attention prefetch, the 8B decode step with
   # attention variants, ncu of the batch-1 decode attention kernel in that step
