@@ -24,8 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
-from kipp_cuda.kernels.rms_norm import check_norm_args, norm_row, rms_norm_ref, row_launch
+from kipp_cuda.kernels.pdl import launch_kwargs
+from kipp_cuda.kernels.rms_norm import (
+    check_norm_args,
+    load_row,
+    norm_row,
+    rms_norm_ref,
+    row_launch,
+)
 
 TIMEOUT_S = 600  # how long a program waits for the peer's row before it traps
 MAX_SPINS = 1 << 16  # flag polls before giving up under the interpreter (no clock there)
@@ -53,13 +59,7 @@ def _allreduce_rms_norm_kernel(
 ):
     # send/recv rows: [T, H] of this call site in the peer's / this rank's receive buffer;
     # send/recv flags and epochs: [T] int32.
-    pdl_trigger(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_H)
-    mask = cols < H
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # no kernel writes it
-    pdl_wait(PDL)
-    x = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0)
+    t, cols, mask, w, x = load_row(x_ptr, w_ptr, stride_x, H, BLOCK_H, PDL)
     dtype = x.dtype
     tl.store(send_ptr + t * H + cols, x, mask=mask)
     e = tl.load(epoch_ptr + t) + 1

@@ -23,13 +23,7 @@ def _rms_norm_kernel(
     BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per token row; the whole row sits in registers (H <= 8192 for Qwen3).
-    pdl_trigger(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_H)
-    mask = cols < H
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # no kernel writes it
-    pdl_wait(PDL)
-    x = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0)
+    t, cols, mask, w, x = load_row(x_ptr, w_ptr, stride_x, H, BLOCK_H, PDL)
     dtype = x.dtype
     s = x.to(tl.float32)
     if HAS_RESIDUAL:
@@ -37,6 +31,19 @@ def _rms_norm_kernel(
         s = (s + r).to(dtype).to(tl.float32)  # rounded like a model-dtype add
         tl.store(res_out_ptr + t * stride_ro + cols, s.to(dtype), mask=mask)
     tl.store(out_ptr + t * stride_o + cols, norm_row(s, w, H, eps, dtype), mask=mask)
+
+
+@triton.jit
+def load_row(x_ptr, w_ptr, stride_x, H, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    """(t, cols, mask, w, x): program t's row of x and the norm weight as fp32; the weight is read
+    before the PDL wait (no kernel writes it), x after."""
+    pdl_trigger(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
+    return t, cols, mask, w, tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0)
 
 
 @triton.jit
