@@ -42,8 +42,8 @@ PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs p
 # splits still cost a launch slot and a merge read, so more is slower (scripts/kernel_sweep.py)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/kernel_sweep.py
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
-# -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py); one-split (large-batch) launches
-# keep their measured 2-warp kernel unchanged
+# -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
+# do not (only their context-length load moved before the wait; batch 256 not re-measured)
 MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads;
 # 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096 (step_ablation.py)
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
