@@ -28,7 +28,6 @@ class Qwen3Layer(nn.Module):
         self.num_kv_heads = cfg.num_key_value_heads // tp_size
         self.head_dim = cfg.head_dim
         self.eps = cfg.rms_norm_eps
-        self.tp_size = tp_size
         self.qkv_proj = modules["qkv_proj"]
         self.o_proj = modules["o_proj"]
         self.gate_up_proj = modules["gate_up_proj"]
