@@ -3,8 +3,9 @@
 `ScriptedBackend` forces what the random-weight model writes, for the reasoning and tool-call
 paths: a sequence whose prompt holds `[[script:NAME]]` emits the tokens of SCRIPTS[NAME] (the real
 model still runs; only the sampled token is replaced), then <|im_end|>. A prompt holding `[[fail]]`
-makes the backend raise. What this proves is the server's parsing, streaming and error handling on
-known text, not anything about the model.
+makes the backend raise, and one holding `[[slow]]` makes every step it runs in take SLOW_STEP_S
+longer (a sleep, so the server's event loop runs meanwhile). What this proves is the server's
+parsing, streaming and error handling on known text, not anything about the model.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ SCRIPTS = {
 }
 
 
+SLOW_STEP_S = 0.05
+
+
 class ScriptedBackend:
     def __init__(self, inner, tokenizer):
         self.inner = inner
@@ -56,6 +60,8 @@ class ScriptedBackend:
         for inp in batch.seqs:
             if inp.sampler is not None and "[[fail]]" in self._prompt(inp):
                 raise RuntimeError("injected backend fault")
+        if any(inp.sampler is not None and "[[slow]]" in self._prompt(inp) for inp in batch.seqs):
+            time.sleep(SLOW_STEP_S)
         outs = self.inner.execute(batch)
         for inp, out in zip(batch.seqs, outs):
             if inp.sampler is None:

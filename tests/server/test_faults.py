@@ -150,16 +150,18 @@ def test_idle_keep_alive_connections_are_reaped(strict):
 
 
 def test_disconnect_aborts_within_one_step(server):
-    """Three other streams keep each step busy (so scheduling jitter is small next to a step);
-    the victim's blocks must be free at most two steps after its client closes the socket (the
-    step in progress, and one more if the close lands just as a step starts)."""
+    """Three `[[slow]]` streams make each step last SLOW_STEP_S more, so the server's reaction
+    time on a loaded 2-core machine is small next to a step (with the tiny model's ~4 ms steps it
+    was not, and this test flaked in CI). The victim's blocks must be free at most two steps after
+    its client closes the socket (the step in progress, and one more if the close lands just as a
+    step starts)."""
     engine = engine_of(server)
 
-    def start(prompt: list[int], stream: bool = True) -> socket.socket:
+    def start(prompt: list[int] | str, stream: bool = True) -> socket.socket:
         body = json.dumps({**LONG, "prompt": prompt, "stream": stream}).encode()
         return raw_request(server.url, "POST", "/v1/completions", body)
 
-    ballast = [start([7, 7, i]) for i in range(3)]
+    ballast = [start(f"[[slow]] {i}") for i in range(3)]
     for i, stream in enumerate((True, False)):
         prompt = [11, 22, 33, i]
         s = start(prompt, stream)
