@@ -1,6 +1,6 @@
 """Kipp: an inference engine for the Qwen3 dense family.
 
-    from kipp_core import LLM, SamplingParams
+from kipp_core import LLM, SamplingParams
 """
 
 __version__ = "0.1.0"

@@ -62,8 +62,10 @@ def measure_prefill(llm, prompt_len: int, batch_size: int, rng) -> dict:
 def median_prefill(llm, prompt_len: int, batch_size: int, rng, repeats: int) -> dict:
     """measure_prefill `repeats` times on new prompts: the run with the median tok/s, and every
     run's tok/s under "prefill_samples"."""
-    runs = sorted((measure_prefill(llm, prompt_len, batch_size, rng) for _ in range(repeats)),
-                  key=lambda r: r["prefill_tok_s"])
+    runs = sorted(
+        (measure_prefill(llm, prompt_len, batch_size, rng) for _ in range(repeats)),
+        key=lambda r: r["prefill_tok_s"],
+    )
     return {**runs[len(runs) // 2], "prefill_samples": [r["prefill_tok_s"] for r in runs]}
 
 
@@ -94,16 +96,20 @@ def measure_decode(llm, batch_size: int, prompt_len: int, gen_len: int, rng) -> 
     }
 
 
-def measure_throughput(llm, num_requests: int, min_len: int, max_len: int, rng,
-                       warmup: int = 0) -> dict:
+def measure_throughput(
+    llm, num_requests: int, min_len: int, max_len: int, rng, warmup: int = 0
+) -> dict:
     """vLLM's benchmark_throughput: N requests with random prompt and output lengths at once.
     `warmup` requests of the same kind (at most 16 tokens out) run first, untimed: they compile
     the Triton kernel variants that mixed prefill and decode steps of random lengths first meet,
     which vLLM does at start-up (about 2 s of a 0.6B run on the H200, BENCHMARKS.md)."""
     if warmup:
         lens = rng.integers(min_len, max_len + 1, size=(warmup, 2))
-        llm.generate([random_prompts(1, int(p), rng)[0] for p, _ in lens],
-                     [_greedy(min(16, int(g))) for _, g in lens], use_tqdm=False)
+        llm.generate(
+            [random_prompts(1, int(p), rng)[0] for p, _ in lens],
+            [_greedy(min(16, int(g))) for _, g in lens],
+            use_tqdm=False,
+        )
     lens = rng.integers(min_len, max_len + 1, size=(num_requests, 2))
     prompts = [random_prompts(1, int(p), rng)[0] for p, _ in lens]
     params = [_greedy(int(g)) for _, g in lens]
@@ -239,7 +245,11 @@ def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
     result = {"spec": asdict(spec), "rows": rows}
     if spec.num_requests:
         result["throughput"] = measure_throughput(
-            llm, spec.num_requests, spec.min_len, spec.max_len, rng,
+            llm,
+            spec.num_requests,
+            spec.min_len,
+            spec.max_len,
+            rng,
             warmup=min(16, spec.num_requests) if spec.warmup else 0,
         )
         bar.update()

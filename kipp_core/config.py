@@ -11,8 +11,14 @@ SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 SUPPORTED_MODEL_TYPE = "qwen3"
 # The integer fields that fix a checkpoint's shape.
 SHAPE_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "max_position_embeddings",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
 )
 
 

@@ -79,8 +79,9 @@ class LLMEngine:
 
             self.spec = SpecDecoder(self.config.speculative, self)
         self.stats = EngineCounters()
-        self._async = (self.config.async_scheduling and self.spec is None
-                       and hasattr(backend, "execute_async"))
+        self._async = (
+            self.config.async_scheduling and self.spec is None and hasattr(backend, "execute_async")
+        )
         self._inflight = None  # (scheduled, batch, PendingOutputs, launch time) of the queued step
 
     # -- requests -------------------------------------------------------------------------------
@@ -149,8 +150,9 @@ class LLMEngine:
         if not (set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab):
             for t in ids:
                 if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                    raise ValueError(f"prompt token id {t!r} is outside the vocabulary "
-                                     f"(0..{vocab - 1})")
+                    raise ValueError(
+                        f"prompt token id {t!r} is outside the vocabulary (0..{vocab - 1})"
+                    )
         n, limit = len(ids), self.max_model_len
         if n >= limit:
             raise ValueError(
@@ -213,8 +215,12 @@ class LLMEngine:
         scheduled = self.scheduler.schedule(hold=self._hold)
         if scheduled:
             batch = ModelInput([self._seq_input(s, None) for s in scheduled])
-            self._inflight = (scheduled, batch, self.backend.execute_async(batch),
-                              time.perf_counter())
+            self._inflight = (
+                scheduled,
+                batch,
+                self.backend.execute_async(batch),
+                time.perf_counter(),
+            )
             for s in scheduled:
                 self._advance(s)
         if prev is not None:
@@ -236,8 +242,9 @@ class LLMEngine:
         if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             return True  # the next sample depends on the pending token's value
         made = len(seq.output_token_ids) + seq.num_pending
-        return (p.max_tokens is not None and made >= p.max_tokens) or \
-            seq.num_tokens >= self.max_model_len
+        return (
+            p.max_tokens is not None and made >= p.max_tokens
+        ) or seq.num_tokens >= self.max_model_len
 
     def _advance(self, s: ScheduledSeq) -> None:
         """A step was queued for s: its new tokens count as computed, its sample as pending."""
@@ -350,8 +357,9 @@ class LLMEngine:
         results = []
         for rid, req in list(self.requests.items()):
             done = all(st.seq.is_finished for st in req.states)
-            if not done and (req.final_only or
-                             not any(st.delta_ids or st.delta_text for st in req.states)):
+            if not done and (
+                req.final_only or not any(st.delta_ids or st.delta_text for st in req.states)
+            ):
                 continue
             results.append(request_output(req, done))
             for st in req.states:

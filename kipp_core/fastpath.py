@@ -39,7 +39,8 @@ def report_fallback(backend: str, name: str, reason: str) -> None:
     if require_kernels(backend):
         raise KernelUnavailableError(
             f"{backend} kernel {name} is unavailable ({reason}) and "
-            f"KIPP_{backend.upper()}_REQUIRE_KERNELS is set")
+            f"KIPP_{backend.upper()}_REQUIRE_KERNELS is set"
+        )
     with _lock:
         if (backend, name) in _fallbacks:
             return

@@ -91,8 +91,9 @@ def _start_value(c: str, stack: str) -> Snapshot | None:
 def _structural(state: State, stack: str, c: str) -> Snapshot | None:
     """Punctuation and value starts: every state outside strings, literals and numbers."""
     top = stack[-1:]
-    if c in "}]" and (state == S.AFTER or state == S.OBJ_FIRST and c == "}"
-                      or state == S.ARR_FIRST and c == "]"):
+    if c in "}]" and (
+        state == S.AFTER or state == S.OBJ_FIRST and c == "}" or state == S.ARR_FIRST and c == "]"
+    ):
         if (top == "{") != (c == "}"):
             return None
         stack = stack[:-1]

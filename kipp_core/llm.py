@@ -201,8 +201,9 @@ class LLM:
                 while pending and room > 0:
                     ids, p, prompt, score_only = pending.pop(0)
                     rid = uuid.uuid4().hex
-                    engine.add_request(rid, ids, p, prompt=prompt, score_only=score_only,
-                                       final_only=True)
+                    engine.add_request(
+                        rid, ids, p, prompt=prompt, score_only=score_only, final_only=True
+                    )
                     order.append(rid)
                     room -= p.n
                 for out in engine.step():

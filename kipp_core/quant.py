@@ -65,8 +65,9 @@ def quantize_affine(w: np.ndarray, bits: int = 4, group_size: int = 32):
     """w [..., K] -> (packed uint32 [..., K * bits / 32], scales f32, biases f32 [..., K / gs]).
     Scales and biases come back in float32; MLX stores them in the weight's dtype."""
     if bits not in (4, 8) or group_size not in (32, 64, 128):
-        raise ValueError(f"affine quantization supports bits 4/8 and group 32/64/128, got "
-                         f"{bits}/{group_size}")
+        raise ValueError(
+            f"affine quantization supports bits 4/8 and group 32/64/128, got {bits}/{group_size}"
+        )
     w = np.asarray(w, dtype=np.float32)
     if w.shape[-1] % group_size:
         raise ValueError(f"rows must be divisible by group_size {group_size}, got {w.shape[-1]}")
@@ -101,8 +102,9 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return q.reshape(*packed.shape[:-1], -1)
 
 
-def dequantize_affine(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int,
-                      group_size: int) -> np.ndarray:
+def dequantize_affine(
+    packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int
+) -> np.ndarray:
     q = unpack(packed, bits).astype(np.float32)
     g = q.reshape(*q.shape[:-1], -1, group_size)
     s = scales.astype(np.float32)[..., None]

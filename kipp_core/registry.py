@@ -55,8 +55,13 @@ _SHAPES = {
 }
 
 # The fields that must equal the registry entry when a checkpoint is loaded.
-CHECKED_FIELDS = (*SHAPE_FIELDS, "rope_theta", "rms_norm_eps", "tie_word_embeddings",
-                  "eos_token_id")
+CHECKED_FIELDS = (
+    *SHAPE_FIELDS,
+    "rope_theta",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "eos_token_id",
+)
 
 
 def _qwen3(size: str, base: bool) -> RegistryEntry:

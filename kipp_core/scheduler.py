@@ -65,8 +65,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, drafts: dict[int, list[int]] | None = None,
-                 hold: Callable[[Sequence], bool] | None = None) -> list[ScheduledSeq]:
+    def schedule(
+        self,
+        drafts: dict[int, list[int]] | None = None,
+        hold: Callable[[Sequence], bool] | None = None,
+    ) -> list[ScheduledSeq]:
         """Pick this step's work. `drafts` maps seq_id to proposed draft tokens for decodes;
         running sequences for which `hold` is true wait this step out (async scheduling: their
         pending token must be known first)."""

@@ -191,8 +191,11 @@ def random_checkpoint(
         if not force:
             raise ValueError(f"{out} already holds a checkpoint; pass --force to overwrite it")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    make = (_torch_maker(seed, dtype == "bfloat16") if importlib.util.find_spec("torch")
-            else random_tensor)
+    make = (
+        _torch_maker(seed, dtype == "bfloat16")
+        if importlib.util.find_spec("torch")
+        else random_tensor
+    )
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)

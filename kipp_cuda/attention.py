@@ -33,13 +33,23 @@ class LayerKV:
     v_scale: torch.Tensor | None = None
 
 
-def store_qkv(qkv: torch.Tensor, layer, kv: LayerKV, meta: AttentionMetadata, positions,
-              cos_sin) -> torch.Tensor:
+def store_qkv(
+    qkv: torch.Tensor, layer, kv: LayerKV, meta: AttentionMetadata, positions, cos_sin
+) -> torch.Tensor:
     """q/k norm and RoPE of a fused qkv [T, (Hq + 2 Hkv) D]; k and v go into the paged cache.
     Returns q [T, Hq, D]. One launch for bf16/fp16/fp32 caches; a q8_0 cache quantizes in
     kv_write."""
-    args = (qkv, layer.q_norm, layer.k_norm, positions, cos_sin, layer.num_heads,
-            layer.num_kv_heads, layer.head_dim, layer.eps)
+    args = (
+        qkv,
+        layer.q_norm,
+        layer.k_norm,
+        positions,
+        cos_sin,
+        layer.num_heads,
+        layer.num_kv_heads,
+        layer.head_dim,
+        layer.eps,
+    )
     if kv.k_scale is None:
         return qk_norm_rope_kv_write(*args, meta.slot_mapping, kv.k, kv.v)
     q, k = qk_norm_rope(*args)
@@ -52,8 +62,26 @@ def store_qkv(qkv: torch.Tensor, layer, kv: LayerKV, meta: AttentionMetadata, po
 def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, Hq, D] over the cached context (this step's K/V already stored) -> [T, Hq, D]."""
     if meta.is_decode:
-        return paged_decode_attention(q, kv.k, kv.v, meta.block_tables, meta.context_lens, scale,
-                                      kv.k_scale, kv.v_scale, meta.max_context_len)
-    return paged_prefill_attention(q, kv.k, kv.v, meta.block_tables, meta.cu_seqlens_q,
-                                   meta.context_lens, scale, meta.max_q_len, kv.k_scale,
-                                   kv.v_scale)
+        return paged_decode_attention(
+            q,
+            kv.k,
+            kv.v,
+            meta.block_tables,
+            meta.context_lens,
+            scale,
+            kv.k_scale,
+            kv.v_scale,
+            meta.max_context_len,
+        )
+    return paged_prefill_attention(
+        q,
+        kv.k,
+        kv.v,
+        meta.block_tables,
+        meta.cu_seqlens_q,
+        meta.context_lens,
+        scale,
+        meta.max_q_len,
+        kv.k_scale,
+        kv.v_scale,
+    )

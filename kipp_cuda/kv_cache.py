@@ -12,8 +12,16 @@ from kipp_cuda.attention import LayerKV
 
 log = logging.getLogger("kipp")
 
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
-          "gb": 10**9}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
 DEFAULT_FRACTION = 0.3  # of free memory after weights: a 0.6B model never takes the whole card
 DEFAULT_CAP = 16 * 2**30
 
@@ -24,16 +32,19 @@ def parse_memory(value) -> tuple[str, float]:
         return ("fraction", float(value)) if 0 < value <= 1 else ("bytes", float(value))
     m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"kv_cache_memory must be like '8GiB', '512MiB' or a fraction such as "
-                         f"0.3, got {value!r}")
+        raise ValueError(
+            f"kv_cache_memory must be like '8GiB', '512MiB' or a fraction such as "
+            f"0.3, got {value!r}"
+        )
     n = float(m.group(1))
     if not m.group(2):
         return ("fraction", n) if 0 < n <= 1 else ("bytes", n)
     return "bytes", n * _UNITS[m.group(2).lower()]
 
 
-def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_quant: str | None,
-                    tp_size: int = 1) -> int:
+def bytes_per_block(
+    cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_quant: str | None, tp_size: int = 1
+) -> int:
     elems = 2 * cfg.num_hidden_layers * block_size * (cfg.num_key_value_heads // tp_size)
     elems *= cfg.head_dim
     if kv_quant == "q8_0":
@@ -49,8 +60,15 @@ def free_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def num_blocks_for(budget, cfg: ModelConfig, block_size: int, dtype: torch.dtype,
-                   kv_quant: str | None, device: torch.device, tp_size: int = 1) -> tuple[int, int]:
+def num_blocks_for(
+    budget,
+    cfg: ModelConfig,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_quant: str | None,
+    device: torch.device,
+    tp_size: int = 1,
+) -> tuple[int, int]:
     """(num_blocks, budget bytes) from the user's budget, or the modest default."""
     per = bytes_per_block(cfg, block_size, dtype, kv_quant, tp_size)
     free = free_memory(device)
@@ -60,13 +78,22 @@ def num_blocks_for(budget, cfg: ModelConfig, block_size: int, dtype: torch.dtype
         kind, v = parse_memory(budget)
         nbytes = v * free if kind == "fraction" else v
         if nbytes > free:
-            raise ValueError(f"KV budget of {nbytes / 2**30:.2f} GiB exceeds the "
-                             f"{free / 2**30:.2f} GiB free on {device}")
+            raise ValueError(
+                f"KV budget of {nbytes / 2**30:.2f} GiB exceeds the "
+                f"{free / 2**30:.2f} GiB free on {device}"
+            )
     return max(1, int(nbytes // per)), int(nbytes)
 
 
-def allocate(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-             kv_quant: str | None, device: torch.device, tp_size: int = 1) -> list[LayerKV]:
+def allocate(
+    cfg: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_quant: str | None,
+    device: torch.device,
+    tp_size: int = 1,
+) -> list[LayerKV]:
     if kv_quant not in (None, "q8_0"):
         raise ValueError(f"kv_quant must be None or 'q8_0', got {kv_quant!r}")
     if kv_quant and cfg.head_dim % 32:
@@ -76,12 +103,19 @@ def allocate(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dt
     for _ in range(cfg.num_hidden_layers):
         if kv_quant == "q8_0":
             sshape = (*shape[:-1], cfg.head_dim // 32)
-            caches.append(LayerKV(
-                torch.zeros(shape, dtype=torch.int8, device=device),
-                torch.zeros(shape, dtype=torch.int8, device=device),
-                torch.zeros(sshape, dtype=torch.float16, device=device),
-                torch.zeros(sshape, dtype=torch.float16, device=device)))
+            caches.append(
+                LayerKV(
+                    torch.zeros(shape, dtype=torch.int8, device=device),
+                    torch.zeros(shape, dtype=torch.int8, device=device),
+                    torch.zeros(sshape, dtype=torch.float16, device=device),
+                    torch.zeros(sshape, dtype=torch.float16, device=device),
+                )
+            )
         else:
-            caches.append(LayerKV(torch.zeros(shape, dtype=dtype, device=device),
-                                  torch.zeros(shape, dtype=dtype, device=device)))
+            caches.append(
+                LayerKV(
+                    torch.zeros(shape, dtype=dtype, device=device),
+                    torch.zeros(shape, dtype=dtype, device=device),
+                )
+            )
     return caches

@@ -47,8 +47,14 @@ class Q8Linear(nn.Module):
 
 
 class AffineLinear(nn.Module):
-    def __init__(self, wq: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int,
-                 group_size: int):
+    def __init__(
+        self,
+        wq: torch.Tensor,
+        scales: torch.Tensor,
+        biases: torch.Tensor,
+        bits: int,
+        group_size: int,
+    ):
         super().__init__()
         self.register_buffer("wq", wq)  # int32 holding uint32 words [out, in * bits / 32]
         self.register_buffer("scales", scales)  # [out, in / group_size]
@@ -60,8 +66,14 @@ class AffineLinear(nn.Module):
         return self.wq.shape[0]
 
     def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        return affine_matmul(silu_and_mul(x) if act else x, self.wq, self.scales, self.biases,
-                             self.bits, self.group_size)
+        return affine_matmul(
+            silu_and_mul(x) if act else x,
+            self.wq,
+            self.scales,
+            self.biases,
+            self.bits,
+            self.group_size,
+        )
 
 
 def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:
@@ -81,5 +93,4 @@ def embed(table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if isinstance(table, Q8Linear):
         return q8_0_embedding(ids, table.qs, table.scales)
     assert isinstance(table, AffineLinear)
-    return affine_embedding(ids, table.wq, table.scales, table.biases, table.bits,
-                            table.group_size)
+    return affine_embedding(ids, table.wq, table.scales, table.biases, table.bits, table.group_size)

@@ -21,8 +21,13 @@ from kipp_cuda.tp_reduce import TPReduce
 
 
 class Qwen3Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp_size: int, modules: dict[str, nn.Module],
-                 norms: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp_size: int,
+        modules: dict[str, nn.Module],
+        norms: dict[str, torch.Tensor],
+    ):
         super().__init__()
         self.num_heads = cfg.num_attention_heads // tp_size
         self.num_kv_heads = cfg.num_key_value_heads // tp_size
@@ -42,15 +47,24 @@ class Qwen3Layer(nn.Module):
         T = h.shape[0]
         q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
         a = attention(q, kv, meta, self.head_dim**-0.5)
-        h, residual = self.tp.reduce_norm(self.o_proj(a.reshape(T, -1)), residual,
-                                          self.post_attention_layernorm, self.eps)
+        h, residual = self.tp.reduce_norm(
+            self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
+        )
         return self.down_proj(self.gate_up_proj(h), act=True), residual
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, layers: list[Qwen3Layer], embed_tokens: nn.Module,
-                 norm: torch.Tensor, lm_head: nn.Module, dtype: torch.dtype, tp_rank: int = 0,
-                 tp_size: int = 1):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layers: list[Qwen3Layer],
+        embed_tokens: nn.Module,
+        norm: torch.Tensor,
+        lm_head: nn.Module,
+        dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ):
         super().__init__()
         self.config = cfg
         self.dtype = dtype
@@ -61,8 +75,10 @@ class Qwen3Model(nn.Module):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.vocab_per_rank = -(-cfg.vocab_size // tp_size)
         dev = norm.device
-        self.register_buffer("cos_sin", rope_cos_sin_cache(cfg.max_position_embeddings,
-                                                           cfg.head_dim, cfg.rope_theta, dev))
+        self.register_buffer(
+            "cos_sin",
+            rope_cos_sin_cache(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, dev),
+        )
         # every layer's two norms and the final one: 2 L + 1 call sites a forward
         self.tp = TPReduce(tp_rank, tp_size, 2 * len(layers) + 1, cfg.hidden_size, dtype, dev)
         for layer in self.layers:
@@ -79,8 +95,9 @@ class Qwen3Model(nn.Module):
         x = embed(self.embed_tokens, torch.where(inside, local, 0)).to(self.dtype)
         return x * inside[:, None].to(x.dtype)
 
-    def forward(self, input_ids, positions, kv_caches: list[LayerKV],
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, kv_caches: list[LayerKV], meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Final-normed hidden states [T, hidden]."""
         self.tp.begin()
         hidden = self.embed(input_ids)

@@ -38,9 +38,11 @@ def measure(
     rng = np.random.default_rng(seed)
     rows = []
     for b in batch_sizes:
+
         def prompt(b=b):
-            return torch.tensor(rng.integers(0, MAX_ORDINARY_ID, size=(b, prompt_len)),
-                                device=device)
+            return torch.tensor(
+                rng.integers(0, MAX_ORDINARY_ID, size=(b, prompt_len)), device=device
+            )
 
         for _ in range(2):  # the first run warms up kernels and allocator; the second counts
             pre_s, dec_s = _run(model, prompt(), gen_len, device)

@@ -32,8 +32,12 @@ class PendingSamples:
     """A queued step's outputs: everything but the sampled tokens is filled in; those are copied
     to pinned host memory behind the step and read when `result()` is called."""
 
-    def __init__(self, outs: list[SeqOutput], rows: list[int] | None = None,
-                 tokens: torch.Tensor | None = None):
+    def __init__(
+        self,
+        outs: list[SeqOutput],
+        rows: list[int] | None = None,
+        tokens: torch.Tensor | None = None,
+    ):
         self.outs, self.rows = outs, rows or []
         self.host, self.done = None, None
         if tokens is not None:
@@ -61,9 +65,16 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3Model, kv_caches: list[LayerKV], block_size: int,
-                 device: torch.device, max_num_seqs: int, max_model_len: int,
-                 use_graphs: bool):
+    def __init__(
+        self,
+        model: Qwen3Model,
+        kv_caches: list[LayerKV],
+        block_size: int,
+        device: torch.device,
+        max_num_seqs: int,
+        max_model_len: int,
+        use_graphs: bool,
+    ):
         self.model, self.kv_caches = model, kv_caches
         self.block_size, self.device = block_size, device
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
@@ -84,8 +95,9 @@ class ModelRunner:
         bs = self.block_size
         q_lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int32, count=len(seqs))
         starts = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=len(seqs))
-        ids = np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int64,
-                          count=int(q_lens.sum()))
+        ids = np.fromiter(
+            (t for s in seqs for t in s.token_ids), dtype=np.int64, count=int(q_lens.sum())
+        )
         if len(seqs) == 1:
             positions = np.arange(starts[0], starts[0] + q_lens[0])
         elif (q_lens == 1).all():
@@ -116,21 +128,25 @@ class ModelRunner:
         is_decode = bool((q_lens == 1).all())
         if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
             bs = next(b for b in self.graph_bs if b >= B)
-            return None, self._replay(("decode", bs), pending, ids, positions, slots, bt,
-                                      ctx)[:B]
+            return None, self._replay(("decode", bs), pending, ids, positions, slots, bt, ctx)[:B]
         if B == 1 and not is_decode and self.prefill_tokens and T <= self.prefill_tokens[-1]:
             tb = next(t for t in self.prefill_tokens if t >= T)
             # Padded queries sit at positions up to start + tb - 1: inside the block table.
             if int(ctx[0]) - T + tb <= self.max_blocks * self.block_size:
-                return self._replay(("prefill", tb), pending, ids, positions, slots, bt,
-                                    ctx)[:T], None
+                return self._replay(("prefill", tb), pending, ids, positions, slots, bt, ctx)[
+                    :T
+                ], None
         cu = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(q_lens, out=cu[1:])
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots), block_tables=self._tensor(bt),
-            context_lens=self._tensor(ctx), is_decode=is_decode,
-            cu_seqlens_q=None if is_decode else self._tensor(cu), max_q_len=int(q_lens.max()),
-            max_context_len=int(ctx.max()))
+            slot_mapping=self._tensor(slots),
+            block_tables=self._tensor(bt),
+            context_lens=self._tensor(ctx),
+            is_decode=is_decode,
+            cu_seqlens_q=None if is_decode else self._tensor(cu),
+            max_q_len=int(q_lens.max()),
+            max_context_len=int(ctx.max()),
+        )
         ids_t = self._tensor(ids)
         self._fill_pending(ids_t, pending)
         return self.model(ids_t, self._tensor(positions), self.kv_caches, meta), None
@@ -174,14 +190,18 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[self._index(rows)])
         elif len(rows) != logits.shape[0]:
             logits = logits[self._index(rows)]
-        plain = [(i, s) for i, s in enumerate(batch.seqs)
-                 if s.sampler is not None and not s.draft_token_ids]
+        plain = [
+            (i, s)
+            for i, s in enumerate(batch.seqs)
+            if s.sampler is not None and not s.draft_token_ids
+        ]
         self._last_tokens, self._last_rows = None, {}
         if plain:
             idx = [spans[i][len(s.token_ids) - 1] for i, s in plain]
             picked = logits if idx == list(range(logits.shape[0])) else logits[idx]
-            toks, lps = sample_tokens(picked, [s.sampler for _, s in plain],
-                                      [s.num_logprobs for _, s in plain])
+            toks, lps = sample_tokens(
+                picked, [s.sampler for _, s in plain], [s.num_logprobs for _, s in plain]
+            )
             self._last_tokens = toks
             self._last_rows = {s.seq_id: j for j, (_, s) in enumerate(plain)}
             for j, (i, _) in enumerate(plain):
@@ -194,11 +214,11 @@ class ModelRunner:
                 k = len(s.draft_token_ids)
                 r = [sp[j] for j in range(n - k - 1, n)]
                 host = logits[r].cpu().numpy()
-                outs[i].token_ids = verify_drafts(host, s.sampler, s.draft_token_ids,
-                                                  s.draft_probs)
+                outs[i].token_ids = verify_drafts(host, s.sampler, s.draft_token_ids, s.draft_probs)
                 if s.num_logprobs is not None:
-                    outs[i].logprobs = token_logprobs(logits[r[: len(outs[i].token_ids)]],
-                                                      outs[i].token_ids, s.num_logprobs)
+                    outs[i].logprobs = token_logprobs(
+                        logits[r[: len(outs[i].token_ids)]], outs[i].token_ids, s.num_logprobs
+                    )
             if s.score_targets:
                 r = [sp[j] for j in range(s.score_start, s.score_start + len(s.score_targets))]
                 outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
@@ -219,8 +239,10 @@ class ModelRunner:
         for i in seq_of.tolist():
             row = self._last_rows.get(batch.seqs[i].seq_id)
             if row is None:
-                raise RuntimeError(f"seq {batch.seqs[i].seq_id} has a PENDING token but the "
-                                   f"last step sampled nothing for it")
+                raise RuntimeError(
+                    f"seq {batch.seqs[i].seq_id} has a PENDING token but the "
+                    f"last step sampled nothing for it"
+                )
             src.append(row)
         return dst.tolist(), src
 
@@ -283,21 +305,34 @@ class ModelRunner:
         (-> logits [size, V]), or one sequence's prefill of `size` tokens (-> hidden)."""
         g = self.g_in
         if kind == "decode":
+
             def run():
-                meta = AttentionMetadata(g[SLOT, :size], self.g_bt[:size],
-                                         g[CTX, :size].to(torch.int32), is_decode=True,
-                                         max_context_len=self.max_model_len)
+                meta = AttentionMetadata(
+                    g[SLOT, :size],
+                    self.g_bt[:size],
+                    g[CTX, :size].to(torch.int32),
+                    is_decode=True,
+                    max_context_len=self.max_model_len,
+                )
                 h = self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
                 return self.model.compute_logits(h)
+
             return run
         # Kept on self: a graph holds raw addresses, so its constant inputs must outlive it.
         cu = self.g_cu[size] = torch.tensor([0, size], dtype=torch.int32, device=self.device)
 
         def run():
-            meta = AttentionMetadata(g[SLOT, :size], self.g_bt[:1], g[CTX, :1].to(torch.int32),
-                                     is_decode=False, cu_seqlens_q=cu, max_q_len=size,
-                                     max_context_len=self.max_model_len)
+            meta = AttentionMetadata(
+                g[SLOT, :size],
+                self.g_bt[:1],
+                g[CTX, :1].to(torch.int32),
+                is_decode=False,
+                cu_seqlens_q=cu,
+                max_q_len=size,
+                max_context_len=self.max_model_len,
+            )
             return self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
+
         return run
 
     def _replay(self, key: tuple[str, int], pending, ids, positions, slots, bt, ctx):

@@ -36,8 +36,13 @@ _TOP_P_WINDOW = 17.5
 
 def _needs_processing(st: SamplerState) -> bool:
     p = st.params
-    return bool(p.logit_bias or (st.step < p.min_tokens and st.stop_token_ids)
-                or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
+    return bool(
+        p.logit_bias
+        or (st.step < p.min_tokens and st.stop_token_ids)
+        or p.repetition_penalty != 1.0
+        or p.frequency_penalty
+        or p.presence_penalty
+    )
 
 
 def _filters(p: SamplingParams, vocab: int) -> bool:
@@ -80,15 +85,25 @@ def process_logits(x: torch.Tensor, states: Sequence[SamplerState]) -> torch.Ten
     rep_rows = [i for i, st in enumerate(states) if st.params.repetition_penalty != 1.0]
     if rep_rows:
         seen = torch.zeros(B, V, dtype=torch.bool, device=dev)
-        ids = [np.concatenate([_ids_below(states[i].prompt_token_ids, V),
-                               _ids_below(states[i].output_token_ids, V)]) for i in rep_rows]
+        ids = [
+            np.concatenate(
+                [
+                    _ids_below(states[i].prompt_token_ids, V),
+                    _ids_below(states[i].output_token_ids, V),
+                ]
+            )
+            for i in rep_rows
+        ]
         if sum(len(a) for a in ids):
             r, c = _pairs(rep_rows, ids, dev)
             seen[r, c] = True
             rp = _column([st.params.repetition_penalty for st in states], dev)
             x = torch.where(seen, torch.where(x > 0, x / rp, x * rp), x)
-    pen_rows = [i for i, st in enumerate(states)
-                if st.params.frequency_penalty or st.params.presence_penalty]
+    pen_rows = [
+        i
+        for i, st in enumerate(states)
+        if st.params.frequency_penalty or st.params.presence_penalty
+    ]
     if pen_rows:
         counts = torch.zeros(B, V, dtype=torch.float32, device=dev)
         ids = [_ids_below(states[i].output_token_ids, V) for i in pen_rows]
@@ -132,8 +147,9 @@ def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.
     return x
 
 
-def _mask_top_p(x: torch.Tensor, rows: list[int], top_p: list[float],
-                finite: torch.Tensor) -> torch.Tensor:
+def _mask_top_p(
+    x: torch.Tensor, rows: list[int], top_p: list[float], finite: torch.Tensor
+) -> torch.Tensor:
     V = x.shape[1]
     dev = x.device
     idx = upload(np.array(rows, dtype=np.int64), dev)
@@ -168,9 +184,11 @@ def gumbel_noise_rows(states: Sequence[SamplerState], vocab: int, device) -> tor
     return -torch.log(-torch.log(u))
 
 
-def sample_rows(logits: torch.Tensor, states: Sequence[SamplerState],
-                num_logprobs: Sequence[int | None] | None = None,
-                ) -> tuple[list[int], list[TokenLogprob | None] | None]:
+def sample_rows(
+    logits: torch.Tensor,
+    states: Sequence[SamplerState],
+    num_logprobs: Sequence[int | None] | None = None,
+) -> tuple[list[int], list[TokenLogprob | None] | None]:
     """Sample one token per row of `logits` [B, V] (float32 on the device) with its state.
 
     Returns the token ids and, when `num_logprobs` has any non-None entry, one TokenLogprob per
@@ -181,14 +199,18 @@ def sample_rows(logits: torch.Tensor, states: Sequence[SamplerState],
     return tokens.tolist(), lps
 
 
-def sample_tokens(logits: torch.Tensor, states: Sequence[SamplerState],
-                  num_logprobs: Sequence[int | None] | None = None,
-                  ) -> tuple[torch.Tensor, list[TokenLogprob | None] | None]:
+def sample_tokens(
+    logits: torch.Tensor,
+    states: Sequence[SamplerState],
+    num_logprobs: Sequence[int | None] | None = None,
+) -> tuple[torch.Tensor, list[TokenLogprob | None] | None]:
     """sample_rows with the tokens left on the device (int64 [B]): greedy and temperature-only
     batches without logprobs queue their kernels and return without waiting for them."""
     if logits.dim() != 2 or logits.shape[0] != len(states):
-        raise ValueError(f"logits must be [B, V] with one row per state, got "
-                         f"{tuple(logits.shape)} for {len(states)} states")
+        raise ValueError(
+            f"logits must be [B, V] with one row per state, got "
+            f"{tuple(logits.shape)} for {len(states)} states"
+        )
     if num_logprobs is not None and len(num_logprobs) != len(states):
         raise ValueError(f"num_logprobs must have {len(states)} entries, got {len(num_logprobs)}")
     B, V = logits.shape
@@ -216,8 +238,11 @@ def sample_tokens(logits: torch.Tensor, states: Sequence[SamplerState],
     if num_logprobs is None or all(n is None for n in num_logprobs):
         return tokens, None
     rows = [i for i, n in enumerate(num_logprobs) if n is not None]
-    lps = token_logprobs(raw[torch.tensor(rows, device=dev)],
-                         tokens[torch.tensor(rows, device=dev)], [num_logprobs[i] for i in rows])
+    lps = token_logprobs(
+        raw[torch.tensor(rows, device=dev)],
+        tokens[torch.tensor(rows, device=dev)],
+        [num_logprobs[i] for i in rows],
+    )
     out: list[TokenLogprob | None] = [None] * B
     for i, lp in zip(rows, lps):
         out[i] = lp
@@ -230,8 +255,9 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     return s - torch.log(torch.exp(s).sum(dim=-1, keepdim=True))
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor | Sequence[int],
-                   top_n: int | Sequence[int]) -> list[TokenLogprob]:
+def token_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor | Sequence[int], top_n: int | Sequence[int]
+) -> list[TokenLogprob]:
     """kipp_core.sampling.logprobs for each row of raw logits [R, V] and its token id: logprob,
     rank (1 + the number strictly higher) and the top-N by logprob, then lowest id."""
     R, V = logits.shape
@@ -264,12 +290,13 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor | Sequence[int]
         top: list[tuple[int, float]] = []
         if n:
             if ih[2 * R + r] == n:  # no tie across the n-th value: topk's set is the answer
-                ids_r = ih[3 * R + r * n_max: 3 * R + r * n_max + n]
-                vals_r = fh[R + r * n_max: R + r * n_max + n]
+                ids_r = ih[3 * R + r * n_max : 3 * R + r * n_max + n]
+                vals_r = fh[R + r * n_max : R + r * n_max + n]
                 top = sorted(zip(ids_r, vals_r), key=lambda t: (-t[1], t[0]))
             else:  # ties at the n-th value: rank every candidate on the host
                 cand = torch.nonzero(lp[r] >= fh[R + R * n_max + r]).flatten()
-                top = sorted(zip(cand.tolist(), lp[r, cand].tolist()),
-                             key=lambda t: (-t[1], t[0]))[:n]
+                top = sorted(zip(cand.tolist(), lp[r, cand].tolist()), key=lambda t: (-t[1], t[0]))[
+                    :n
+                ]
         out.append(TokenLogprob(ih[r], fh[r], ih[R + r], top))
     return out

@@ -23,8 +23,11 @@ from kipp_core.checkpoint import Checkpoint
 
 log = logging.getLogger("kipp")
 # Never NVLink multicast: it can take a shared host's GPUs out of service.
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 def _free_port() -> int:
@@ -38,8 +41,9 @@ def _init(rank: int, world: int, port: int, device_type: str) -> torch.device:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     if device_type == "cuda":
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world,
-                                device_id=torch.device("cuda", rank))
+        dist.init_process_group(
+            "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+        )
         return torch.device("cuda", rank)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     return torch.device("cpu")
@@ -95,20 +99,39 @@ class TPBackend:
     def __init__(self, checkpoint: Checkpoint, options: BackendOptions):
         world = options.tensor_parallel
         self._closing = False
-        device_type = "cuda" if (options.device or ("cuda" if torch.cuda.is_available()
-                                                   else "cpu")).startswith("cuda") else "cpu"
+        device_type = (
+            "cuda"
+            if (options.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith(
+                "cuda"
+            )
+            else "cpu"
+        )
         if device_type == "cuda" and torch.cuda.device_count() < world:
-            raise ValueError(f"tensor_parallel {world} needs {world} GPUs, "
-                             f"{torch.cuda.device_count()} visible")
+            raise ValueError(
+                f"tensor_parallel {world} needs {world} GPUs, {torch.cuda.device_count()} visible"
+            )
         os.environ.update(SAFE_ENV)
         port = _free_port()
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
         for rank in range(1, world):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker, daemon=True, name=f"kipp-tp{rank}",
-                            args=(rank, world, port, device_type, checkpoint.path,
-                                  checkpoint.entry, options, b, os.getpid()))
+            p = ctx.Process(
+                target=_worker,
+                daemon=True,
+                name=f"kipp-tp{rank}",
+                args=(
+                    rank,
+                    world,
+                    port,
+                    device_type,
+                    checkpoint.path,
+                    checkpoint.entry,
+                    options,
+                    b,
+                    os.getpid(),
+                ),
+            )
             p.start()
             self.procs.append(p)
             self.conns.append(a)
@@ -130,8 +153,11 @@ class TPBackend:
         while not self._closing:
             for p in list(self.procs):
                 if not p.is_alive() and not self._closing:
-                    log.critical("tensor-parallel worker %s died (exit code %s); shutting down",
-                                 p.name, p.exitcode)
+                    log.critical(
+                        "tensor-parallel worker %s died (exit code %s); shutting down",
+                        p.name,
+                        p.exitcode,
+                    )
                     for q in self.procs:
                         if q.is_alive():
                             q.kill()
@@ -145,8 +171,9 @@ class TPBackend:
                 return conn.recv()
             if not proc.is_alive():
                 self.close()
-                raise RuntimeError(f"tensor-parallel worker {proc.name} died "
-                                   f"(exit code {proc.exitcode})")
+                raise RuntimeError(
+                    f"tensor-parallel worker {proc.name} died (exit code {proc.exitcode})"
+                )
         raise RuntimeError(f"tensor-parallel worker {proc.name} did not answer in {timeout} s")
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
@@ -156,8 +183,10 @@ class TPBackend:
         for conn, p in zip(self.conns, self.procs):
             if not p.is_alive():
                 self.close()
-                raise RuntimeError(f"tensor-parallel worker {p.name} died "
-                                   f"(exit code {p.exitcode}); the backend is shut down")
+                raise RuntimeError(
+                    f"tensor-parallel worker {p.name} died "
+                    f"(exit code {p.exitcode}); the backend is shut down"
+                )
             conn.send(batch)
         return self.shard.execute_async(batch)
 

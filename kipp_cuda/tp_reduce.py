@@ -30,23 +30,36 @@ MAX_T = 8  # rows a fused call takes; larger batches and prefill chunks go throu
 
 
 class TPReduce:
-    def __init__(self, rank: int, world: int, sites: int, hidden: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        sites: int,
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.rank, self.world, self.sites = rank, world, sites
         self.site = 0  # the next call site of this forward
         self.mode = "nccl" if world > 1 else "local"  # "peer": the fused kernel; "none": floors
         if world == 1 or device.type != "cuda" or os.environ.get("KIPP_CUDA_PEER_ALLREDUCE") == "0":
             return
         if world != 2:
-            report_fallback("cuda", "allreduce_rms_norm", f"the fused peer all-reduce runs at "
-                            f"TP = 2, not {world}: NCCL, then rms_norm")
+            report_fallback(
+                "cuda",
+                "allreduce_rms_norm",
+                f"the fused peer all-reduce runs at TP = 2, not {world}: NCCL, then rms_norm",
+            )
             return
         try:
             self._setup(hidden, dtype, device)
             self.mode = "peer"
         except Exception as e:  # noqa: BLE001 - any failure of symmetric memory: NCCL instead
-            report_fallback("cuda", "allreduce_rms_norm",
-                            f"no symmetric memory ({type(e).__name__}: {str(e)[:160]})")
+            report_fallback(
+                "cuda",
+                "allreduce_rms_norm",
+                f"no symmetric memory ({type(e).__name__}: {str(e)[:160]})",
+            )
 
     def _setup(self, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
         import torch.distributed._symmetric_memory as symm_mem
@@ -60,8 +73,7 @@ class TPReduce:
         data_h = symm_mem.rendezvous(data, group)
         flags_h = symm_mem.rendezvous(flags, group)
         self.recv = data.view(self.sites, MAX_T, hidden)
-        self.send = data_h.get_buffer(peer, (rows * hidden,), dtype).view(self.sites, MAX_T,
-                                                                          hidden)
+        self.send = data_h.get_buffer(peer, (rows * hidden,), dtype).view(self.sites, MAX_T, hidden)
         self.recv_flags = flags.view(self.sites, MAX_T)
         self.send_flags = flags_h.get_buffer(peer, (rows,), torch.int32).view(self.sites, MAX_T)
         self.epochs = torch.zeros((self.sites, MAX_T), dtype=torch.int32, device=device)
@@ -73,8 +85,9 @@ class TPReduce:
         """A forward starts: call sites count from 0 again."""
         self.site = 0
 
-    def reduce_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def reduce_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(sum over ranks of x [+ residual]) * weight, the new residual) for x [T, H],
         this rank's partial rows (at TP = 1, x itself)."""
         site = self.site
@@ -82,9 +95,17 @@ class TPReduce:
         if self.mode == "peer" and x.shape[0] <= MAX_T:
             if site >= self.sites:
                 raise RuntimeError(f"TPReduce: call site {site} of a forward; {self.sites} set up")
-            return allreduce_rms_norm(x, weight, eps, residual, self.send[site],
-                                      self.send_flags[site], self.recv[site],
-                                      self.recv_flags[site], self.epochs[site])
+            return allreduce_rms_norm(
+                x,
+                weight,
+                eps,
+                residual,
+                self.send[site],
+                self.send_flags[site],
+                self.recv[site],
+                self.recv_flags[site],
+                self.epochs[site],
+            )
         if self.mode in ("nccl", "peer"):
             dist.all_reduce(x)
         if residual is None:

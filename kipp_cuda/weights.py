@@ -31,8 +31,15 @@ def to_torch(raw) -> torch.Tensor:
 
 
 class WeightLoader:
-    def __init__(self, ckpt: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 quant: str | None, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(
+        self,
+        ckpt: Checkpoint,
+        device: torch.device,
+        dtype: torch.dtype,
+        quant: str | None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ):
         self.ckpt, self.device, self.dtype = ckpt, device, dtype
         self.stored = (ckpt.quantization or {}).get("scheme")
         if self.stored and quant and quant != self.stored:
@@ -44,8 +51,9 @@ class WeightLoader:
         cfg = ckpt.config
         for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
             if getattr(cfg, name) % tp_size:
-                raise ValueError(f"{name} ({getattr(cfg, name)}) is not divisible by "
-                                 f"tensor_parallel {tp_size}")
+                raise ValueError(
+                    f"{name} ({getattr(cfg, name)}) is not divisible by tensor_parallel {tp_size}"
+                )
         self.nbytes = 0
 
     def tensor(self, name: str) -> torch.Tensor:
@@ -120,8 +128,15 @@ class WeightLoader:
         return {k: self._pad(v[lo:hi], per) for k, v in parts.items()}
 
 
-def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, quant: str | None,
-                tp_rank: int = 0, tp_size: int = 1, progress=None) -> tuple[Qwen3Model, int]:
+def build_model(
+    ckpt: Checkpoint,
+    device: torch.device,
+    dtype: torch.dtype,
+    quant: str | None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    progress=None,
+) -> tuple[Qwen3Model, int]:
     """The model on `device` and its weight bytes."""
     cfg = ckpt.config
     ld = WeightLoader(ckpt, device, dtype, quant, tp_rank, tp_size)
@@ -131,14 +146,21 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, quan
         lin = {
             "qkv_proj": ld.linear_parts([p + f"self_attn.{x}_proj.weight" for x in "qkv"], "rows"),
             "o_proj": ld.linear_parts([p + "self_attn.o_proj.weight"], "cols"),
-            "gate_up_proj": ld.linear_parts([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-                                            "rows"),
+            "gate_up_proj": ld.linear_parts(
+                [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], "rows"
+            ),
             "down_proj": ld.linear_parts([p + "mlp.down_proj.weight"], "cols"),
         }
         modules = {k: make_linear(v, ld.scheme) for k, v in lin.items()}
-        norms = {n.split(".")[-1]: ld.tensor(p + n + ".weight")
-                 for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm",
-                           "self_attn.k_norm")}
+        norms = {
+            n.split(".")[-1]: ld.tensor(p + n + ".weight")
+            for n in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "self_attn.q_norm",
+                "self_attn.k_norm",
+            )
+        }
         layers.append(Qwen3Layer(cfg, tp_size, modules, norms))
         if progress:
             progress(i + 1, cfg.num_hidden_layers)

@@ -44,8 +44,9 @@ def _time_graph(fn, reps=20) -> float:
 def _run(rank: int, world: int, port: int, label: str) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     rows = []
     for n in SIZES:
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -53,6 +54,7 @@ def _run(rank: int, world: int, port: int, label: str) -> None:
         def nccl(x=x):
             for _ in range(CALLS):
                 dist.all_reduce(x)
+
         rows.append((f"nccl {label}", n, _time_graph(nccl)))
         try:
             import torch.distributed._symmetric_memory as symm_mem
@@ -65,6 +67,7 @@ def _run(rank: int, world: int, port: int, label: str) -> None:
             def one_shot(buf=buf, group=group):
                 for _ in range(CALLS):
                     torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group.group_name)
+
             rows.append(("symm_mem one_shot", n, _time_graph(one_shot)))
             y = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group.group_name)
             ref = buf.clone()
@@ -80,7 +83,13 @@ def _run(rank: int, world: int, port: int, label: str) -> None:
 
 
 if __name__ == "__main__":
-    label = " ".join(f"{k}={v}" for k, v in os.environ.items()
-                     if k.startswith("NCCL_") and k != "NCCL_NVLS_ENABLE") or "default"
+    label = (
+        " ".join(
+            f"{k}={v}"
+            for k, v in os.environ.items()
+            if k.startswith("NCCL_") and k != "NCCL_NVLS_ENABLE"
+        )
+        or "default"
+    )
     mp.spawn(_run, args=(2, 29600 + os.getpid() % 1000, label), nprocs=2, join=True)
     sys.exit(0)

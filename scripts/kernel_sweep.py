@@ -22,16 +22,28 @@ from kipp_cuda.kernels import q8_0_matmul as qm
 
 QUICK = False  # --quick: attention at the default split count only
 SHAPES = {  # (N, K) of each decode linear
-    "0.6B qkv": (4096, 1024), "0.6B o": (1024, 2048), "0.6B gate_up": (6144, 1024),
-    "0.6B down": (1024, 3072), "0.6B lm_head": (151936, 1024),
-    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (24576, 4096),
-    "8B down": (4096, 12288), "8B lm_head": (151936, 4096),
+    "0.6B qkv": (4096, 1024),
+    "0.6B o": (1024, 2048),
+    "0.6B gate_up": (6144, 1024),
+    "0.6B down": (1024, 3072),
+    "0.6B lm_head": (151936, 1024),
+    "8B qkv": (6144, 4096),
+    "8B o": (4096, 4096),
+    "8B gate_up": (24576, 4096),
+    "8B down": (4096, 12288),
+    "8B lm_head": (151936, 4096),
     # one rank's shard under --tensor-parallel 2 (column-parallel qkv/gate_up/head, row-parallel
     # o/down)
-    "8B/tp2 qkv": (3072, 4096), "8B/tp2 o": (4096, 2048), "8B/tp2 gate_up": (12288, 4096),
-    "8B/tp2 down": (4096, 6144), "8B/tp2 lm_head": (75968, 4096),
-    "32B/tp2 qkv": (5120, 5120), "32B/tp2 o": (5120, 4096), "32B/tp2 gate_up": (25600, 5120),
-    "32B/tp2 down": (5120, 12800), "32B/tp2 lm_head": (75968, 5120),
+    "8B/tp2 qkv": (3072, 4096),
+    "8B/tp2 o": (4096, 2048),
+    "8B/tp2 gate_up": (12288, 4096),
+    "8B/tp2 down": (4096, 6144),
+    "8B/tp2 lm_head": (75968, 4096),
+    "32B/tp2 qkv": (5120, 5120),
+    "32B/tp2 o": (5120, 4096),
+    "32B/tp2 gate_up": (25600, 5120),
+    "32B/tp2 down": (5120, 12800),
+    "32B/tp2 lm_head": (75968, 5120),
 }
 TUNED = "kipp_cuda/kernels/configs/h200_gemv.json"
 
@@ -55,8 +67,16 @@ def graph_us(fn, reps: int = 20, iters: int = 10) -> float:
     return a.elapsed_time(b) * 1e3 / (iters * reps)
 
 
-def sweep(rows: list, family: str, shape: str, nbytes: int, default: dict, grid: list[dict],
-          make_fn, check) -> None:
+def sweep(
+    rows: list,
+    family: str,
+    shape: str,
+    nbytes: int,
+    default: dict,
+    grid: list[dict],
+    make_fn,
+    check,
+) -> None:
     ref = check()
     results = []
     for cfg in [default, *grid]:
@@ -73,8 +93,10 @@ def sweep(rows: list, family: str, shape: str, nbytes: int, default: dict, grid:
         results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
     ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
     d = results[0]
-    print(f"{family:8} {shape:14} default {d.get('us', float('nan')):7.2f} us "
-          f"{d.get('gbs', 0):6.0f} GB/s {d['cfg']}")
+    print(
+        f"{family:8} {shape:14} default {d.get('us', float('nan')):7.2f} us "
+        f"{d.get('gbs', 0):6.0f} GB/s {d['cfg']}"
+    )
     for r in ok[:3]:
         print(f"{'':24} best {r['us']:7.2f} us {r['gbs']:6.0f} GB/s {r['cfg']}")
     rows.append({"family": family, "shape": shape, "bytes": nbytes, "results": results})
@@ -85,27 +107,45 @@ def dense(rows, shapes):
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
         ref = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731
-        rows.append({"family": "cublas", "shape": name, "us": graph_us(ref),
-                     "bytes": N * K * 2})
-        print(f"cublas   {name:14} {rows[-1]['us']:7.2f} us "
-              f"{N * K * 2 / rows[-1]['us'] / 1e3:6.0f} GB/s")
-        grid = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, num_warps=nw)
-                for bn, bk, s, nw in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048),
-                                                       (1, 2, 4, 8), (4, 8))
-                if 1024 <= bn * bk <= 16384 and K // s >= bk]
-        sweep(rows, "dense", name, N * K * 2, dg.gemv_config(N, K, x.device), grid,
-              lambda c, x=x, w=w: (lambda: dg._dense_gemv_op(x, w, config=c)), ref)
+        rows.append({"family": "cublas", "shape": name, "us": graph_us(ref), "bytes": N * K * 2})
+        print(
+            f"cublas   {name:14} {rows[-1]['us']:7.2f} us "
+            f"{N * K * 2 / rows[-1]['us'] / 1e3:6.0f} GB/s"
+        )
+        grid = [
+            dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, num_warps=nw)
+            for bn, bk, s, nw in itertools.product(
+                (2, 4, 8, 16), (256, 512, 1024, 2048), (1, 2, 4, 8), (4, 8)
+            )
+            if 1024 <= bn * bk <= 16384 and K // s >= bk
+        ]
+        sweep(
+            rows,
+            "dense",
+            name,
+            N * K * 2,
+            dg.gemv_config(N, K, x.device),
+            grid,
+            lambda c, x=x, w=w: lambda: dg._dense_gemv_op(x, w, config=c),
+            ref,
+        )
 
 
 def quant_grid(K: int, per_thread: tuple[int, ...], maxnregs: tuple[int, ...]) -> list[dict]:
     """Quantized GEMV tiles: a thread holds BLOCK_N * BLOCK_G / (32 num_warps) (row, group)
     elements, 32 bytes each for q8_0, 16 for affine4; each with and without the next K step's
     loads in flight (PREFETCH), and with registers capped for occupancy (maxnreg)."""
-    base = [dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
-            for bn, bg, s, nw in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2), (4, 8))
-            if bn * bg // (32 * nw) in per_thread and K // 32 // s >= bg]
-    return [{**c, "PREFETCH": pf, **({"maxnreg": r} if r else {})}
-            for c in base for pf in (True, False) for r in (0, *maxnregs)]
+    base = [
+        dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=s, num_warps=nw)
+        for bn, bg, s, nw in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2), (4, 8))
+        if bn * bg // (32 * nw) in per_thread and K // 32 // s >= bg
+    ]
+    return [
+        {**c, "PREFETCH": pf, **({"maxnreg": r} if r else {})}
+        for c in base
+        for pf in (True, False)
+        for r in (0, *maxnregs)
+    ]
 
 
 def q8(rows, shapes):
@@ -115,23 +155,36 @@ def q8(rows, shapes):
         d = (torch.rand(N, K // 32, device="cuda") * 0.01).half()
         ref = lambda x=x, qs=qs, d=d: qm.q8_0_matmul_ref(x, qs, d)  # noqa: E731
         grid = quant_grid(K, (2, 4, 8), (64, 80))
-        sweep(rows, "q8_0", name, N * K * 34 // 32,
-              qm.gemv_config(N, K // 32, x.device), grid,
-              lambda c, x=x, qs=qs, d=d: (lambda: qm.q8_0_gemv(x, qs, d, c)), ref)
+        sweep(
+            rows,
+            "q8_0",
+            name,
+            N * K * 34 // 32,
+            qm.gemv_config(N, K // 32, x.device),
+            grid,
+            lambda c, x=x, qs=qs, d=d: lambda: qm.q8_0_gemv(x, qs, d, c),
+            ref,
+        )
 
 
 def affine4(rows, shapes):
     for name, (N, K) in shapes.items():
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        wq = torch.randint(-2**31, 2**31, (N, K // 8), dtype=torch.int32, device="cuda")
+        wq = torch.randint(-(2**31), 2**31, (N, K // 8), dtype=torch.int32, device="cuda")
         s = (torch.rand(N, K // 32, device="cuda") * 0.01).bfloat16()
         b = (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16()
         ref = lambda x=x, wq=wq, s=s, b=b: am.affine_matmul_ref(x, wq, s, b, 4, 32)  # noqa: E731
         grid = quant_grid(K, (2, 4, 8, 16), (96, 128))
-        sweep(rows, "affine4", name, N * K // 2 + N * K // 32 * 4,
-              am.gemv_config(N, K // 32, 32, x.device), grid,
-              lambda c, x=x, wq=wq, s=s, b=b: (lambda: am.affine_gemv(x, wq, s, b, 4, 32, c)),
-              ref)
+        sweep(
+            rows,
+            "affine4",
+            name,
+            N * K // 2 + N * K // 32 * 4,
+            am.gemv_config(N, K // 32, 32, x.device),
+            grid,
+            lambda c, x=x, wq=wq, s=s, b=b: lambda: am.affine_gemv(x, wq, s, b, 4, 32, c),
+            ref,
+        )
 
 
 def attn(rows):
@@ -169,10 +222,16 @@ def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles
         results = []
         for min_tiles, splits in grid:
             da.MIN_TILES_PER_SPLIT = min_tiles
-            cfg = {"merge": merge, "prefetch": prefetch, "num_warps": warps,
-                   "MIN_TILES": min_tiles, "splits": splits}
+            cfg = {
+                "merge": merge,
+                "prefetch": prefetch,
+                "num_warps": warps,
+                "MIN_TILES": min_tiles,
+                "splits": splits,
+            }
             fn = lambda s=splits, f=fused: da._paged_decode_attention_op(  # noqa: E731
-                *a, max_context_len=40960, num_splits=s, fused_merge=f)
+                *a, max_context_len=40960, num_splits=s, fused_merge=f
+            )
             try:
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
                 if not err < 2e-2:
@@ -184,13 +243,22 @@ def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles
             results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
         d = results[0]
         ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"]) or [
-            {"us": math.nan, "gbs": 0, "cfg": None}]
-        print(f"attn     {model} ctx {ctx:5} {merge:7} prefetch={int(prefetch)} warps={warps} "
-              f"default {d.get('us', math.nan):7.2f} us {d.get('gbs', 0):6.0f} GB/s; "
-              f"best {ok[0]['us']:7.2f} us {ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; "
-              f"worst {ok[-1]['us']:.2f}" + (f"; error {d['error']}" if "error" in d else ""))
-        rows.append({"family": "attn", "shape": f"{model} ctx {ctx} {merge} prefetch={prefetch} "
-                     f"warps={warps}", "bytes": nbytes, "results": results})
+            {"us": math.nan, "gbs": 0, "cfg": None}
+        ]
+        print(
+            f"attn     {model} ctx {ctx:5} {merge:7} prefetch={int(prefetch)} warps={warps} "
+            f"default {d.get('us', math.nan):7.2f} us {d.get('gbs', 0):6.0f} GB/s; "
+            f"best {ok[0]['us']:7.2f} us {ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; "
+            f"worst {ok[-1]['us']:.2f}" + (f"; error {d['error']}" if "error" in d else "")
+        )
+        rows.append(
+            {
+                "family": "attn",
+                "shape": f"{model} ctx {ctx} {merge} prefetch={prefetch} warps={warps}",
+                "bytes": nbytes,
+                "results": results,
+            }
+        )
 
 
 def attn_batch(rows):
@@ -214,11 +282,20 @@ def attn_batch(rows):
     results = []
     try:
         for block_n, warps, stages, prefetch in itertools.product(
-                (32, 64, 128), (2, 4, 8), (1, 2, 3), (True, False)):
-            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.PREFETCH_KV = (block_n, warps, stages,
-                                                                         prefetch)
-            cfg = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages,
-                   "prefetch": prefetch}
+            (32, 64, 128), (2, 4, 8), (1, 2, 3), (True, False)
+        ):
+            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.PREFETCH_KV = (
+                block_n,
+                warps,
+                stages,
+                prefetch,
+            )
+            cfg = {
+                "BLOCK_N": block_n,
+                "num_warps": warps,
+                "num_stages": stages,
+                "prefetch": prefetch,
+            }
             fn = lambda: da._paged_decode_attention_op(*a, max_context_len=1500)  # noqa: E731
             try:
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
@@ -232,16 +309,32 @@ def attn_batch(rows):
     finally:
         for k, v in saved.items():
             setattr(da, k, v)
-    default = next(r for r in results if r["cfg"] == {
-        "BLOCK_N": saved["BLOCK_N"], "num_warps": saved["NUM_WARPS"],
-        "num_stages": saved["NUM_STAGES"], "prefetch": saved["PREFETCH_KV"]})
+    default = next(
+        r
+        for r in results
+        if r["cfg"]
+        == {
+            "BLOCK_N": saved["BLOCK_N"],
+            "num_warps": saved["NUM_WARPS"],
+            "num_stages": saved["NUM_STAGES"],
+            "prefetch": saved["PREFETCH_KV"],
+        }
+    )
     ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
-    print(f"attn_b256 0.6B heads, {nbytes / 1e9:.2f} GB of KV: default "
-          f"{default.get('us', math.nan):8.1f} us {default.get('gbs', 0):6.0f} GB/s")
+    print(
+        f"attn_b256 0.6B heads, {nbytes / 1e9:.2f} GB of KV: default "
+        f"{default.get('us', math.nan):8.1f} us {default.get('gbs', 0):6.0f} GB/s"
+    )
     for r in ok[:5]:
         print(f"{'':24} best {r['us']:8.1f} us {r['gbs']:6.0f} GB/s {r['cfg']}")
-    rows.append({"family": "attn_b256", "shape": "0.6B B=256 ctx 200-1500", "bytes": nbytes,
-                 "results": results})
+    rows.append(
+        {
+            "family": "attn_b256",
+            "shape": "0.6B B=256 ctx 200-1500",
+            "bytes": nbytes,
+            "results": results,
+        }
+    )
 
 
 def small(rows):
@@ -274,8 +367,9 @@ def small(rows):
             _kv_write_op(k, big[:, 3072:].view(T, 8, 128), kc, vc, slots)
 
         fused[f"qk_norm_rope + kv_write T={T}"] = separate
-        fused[f"qk_norm_rope_kv_write T={T}"] = (
-            lambda a=a, kc=kc, vc=vc, slots=slots: _qk_norm_rope_kv_write_op(*a, slots, kc, vc))
+        fused[f"qk_norm_rope_kv_write T={T}"] = lambda a=a, kc=kc, vc=vc, slots=slots: (
+            _qk_norm_rope_kv_write_op(*a, slots, kc, vc)
+        )
     for name, fn in {
         **fused,
         "fill_ (empty-ish kernel)": lambda: e.fill_(1.0),
@@ -294,8 +388,11 @@ def main() -> None:
     p.add_argument("--shapes", default="", help="comma-separated name substrings, e.g. '0.6B,8B '")
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="attn: only the default split count")
-    p.add_argument("--write-configs", action="store_true",
-                   help=f"merge each GEMV shape's fastest config into {TUNED}")
+    p.add_argument(
+        "--write-configs",
+        action="store_true",
+        help=f"merge each GEMV shape's fastest config into {TUNED}",
+    )
     args = p.parse_args()
     global QUICK
     QUICK = args.quick
@@ -305,10 +402,14 @@ def main() -> None:
     shapes = {k: v for k, v in SHAPES.items() if any(p in k for p in picks)}
     rows: list = []
     only = args.only.split(",")
-    for name, fn in (("small", lambda: small(rows)), ("attn", lambda: attn(rows)),
-                     ("attn_b256", lambda: attn_batch(rows)),
-                     ("dense", lambda: dense(rows, shapes)), ("q8_0", lambda: q8(rows, shapes)),
-                     ("affine4", lambda: affine4(rows, shapes))):
+    for name, fn in (
+        ("small", lambda: small(rows)),
+        ("attn", lambda: attn(rows)),
+        ("attn_b256", lambda: attn_batch(rows)),
+        ("dense", lambda: dense(rows, shapes)),
+        ("q8_0", lambda: q8(rows, shapes)),
+        ("affine4", lambda: affine4(rows, shapes)),
+    ):
         if name in only:
             fn()
             if args.json:

@@ -39,14 +39,20 @@ def main() -> None:
     args = p.parse_args()
     path = random_checkpoint(args.shape)
     # Room for every sequence's context: a smaller budget preempts, and the batch shrinks.
-    llm = LLM(str(path), backend="cuda", quant=args.quant, kv_cache_memory=args.kv_cache_memory,
-              max_num_seqs=max(8, args.batch))
+    llm = LLM(
+        str(path),
+        backend="cuda",
+        quant=args.quant,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=max(8, args.batch),
+    )
     eng, runner = llm.engine, llm.backend.runner
     sp = SamplingParams(temperature=0, max_tokens=10 * args.steps, ignore_eos=True)
     # A different prompt a sequence: shared prefix-cache blocks would be read from L2 and flatter
     # the attention kernel at large batch (the batch-256 profile of 2026-11-30c had that).
-    prompts = [[1000 + (j * 7 + i * 13) % 100000 for j in range(args.context)]
-               for i in range(args.batch)]
+    prompts = [
+        [1000 + (j * 7 + i * 13) % 100000 for j in range(args.context)] for i in range(args.batch)
+    ]
     for i in range(args.batch):
         eng.add_request(f"r{i}", prompts[i], sp)
     while any(len(st.seq.output_token_ids) < 2 for r in eng.requests.values() for st in r.states):
@@ -69,10 +75,14 @@ def main() -> None:
     total = (time.perf_counter() - t) / args.steps
     running = len(eng.scheduler.running)
     if running != args.batch:
-        print(f"only {running} of {args.batch} sequences run (KV budget): the numbers below are "
-              f"not for batch {args.batch}")
-    print(f"{args.shape} batch {args.batch} context {args.context}: {plain * 1e3:.3f} ms/step "
-          f"({args.batch / plain:.0f} tok/s); with syncs {total * 1e3:.3f} ms/step")
+        print(
+            f"only {running} of {args.batch} sequences run (KV budget): the numbers below are "
+            f"not for batch {args.batch}"
+        )
+    print(
+        f"{args.shape} batch {args.batch} context {args.context}: {plain * 1e3:.3f} ms/step "
+        f"({args.batch / plain:.0f} tok/s); with syncs {total * 1e3:.3f} ms/step"
+    )
     for k, v in sections.items():
         print(f"  {k:<40} {v / args.steps * 1e3:8.3f} ms")
     g = runner.graphs["decode", next(b for b in runner.graph_bs if b >= args.batch)]
@@ -87,13 +97,17 @@ def main() -> None:
     runner.graphs.clear()
     runner.graph_bs, runner.prefill_tokens = [], []
     eng.step()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                            torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    ) as prof:
         for _ in range(5):
             eng.step()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=22,
-                                    max_name_column_width=60))
+    print(
+        prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=60
+        )
+    )
 
 
 if __name__ == "__main__":

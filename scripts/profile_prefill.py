@@ -25,8 +25,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=2048)
     p.add_argument("--prefix-len", type=int, default=6890)
     args = p.parse_args()
-    llm = LLM(str(random_checkpoint(args.shape)), backend="cuda", kv_cache_memory="16GiB",
-              max_num_seqs=32)
+    llm = LLM(
+        str(random_checkpoint(args.shape)), backend="cuda", kv_cache_memory="16GiB", max_num_seqs=32
+    )
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     rng = np.random.default_rng(0)
 
@@ -54,13 +55,18 @@ def main() -> None:
         pr.disable()
         print(f"== cProfile {name}")
         pstats.Stats(pr).sort_stats("tottime").print_stats(22)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                            torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    ) as prof:
         run(prompt(args.prompt_len))
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25,
-                                    max_name_column_width=50))
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15,
-                                    max_name_column_width=50))
+    print(
+        prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=50)
+    )
+    print(
+        prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=50
+        )
+    )
 
 
 if __name__ == "__main__":

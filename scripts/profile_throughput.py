@@ -28,15 +28,25 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--kv-cache-memory", default="48GiB")
-    p.add_argument("--torch-profile", type=int, default=0,
-                   help="also profile the first N steps (the prefill-heavy ones) per kernel")
+    p.add_argument(
+        "--torch-profile",
+        type=int,
+        default=0,
+        help="also profile the first N steps (the prefill-heavy ones) per kernel",
+    )
     args = p.parse_args()
-    llm = LLM(str(random_checkpoint(args.shape)), backend="cuda",
-              kv_cache_memory=args.kv_cache_memory)
+    llm = LLM(
+        str(random_checkpoint(args.shape)), backend="cuda", kv_cache_memory=args.kv_cache_memory
+    )
     cfg = llm.engine.config.scheduler
     mc = llm.backend.runner.model.config
-    kv_bytes_per_token = (mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * 2
-                          * llm.backend.runner.kv_caches[0].k.element_size())
+    kv_bytes_per_token = (
+        mc.num_hidden_layers
+        * mc.num_key_value_heads
+        * mc.head_dim
+        * 2
+        * llm.backend.runner.kv_caches[0].k.element_size()
+    )
     rng = np.random.default_rng(0)
     lens = rng.integers(args.min_len, args.max_len + 1, size=(args.num_requests, 2))
     prompts = [random_prompts(1, int(n), rng)[0] for n, _ in lens]
@@ -56,8 +66,10 @@ def main() -> None:
     outs = llm.generate(prompts, params, use_tqdm=False)
     total = time.perf_counter() - t0
     out_tokens = sum(len(o.token_ids) for o in outs)
-    print(f"{args.shape}, {args.num_requests} requests: {total:.2f} s, "
-          f"{out_tokens / total:.0f} output tok/s, {len(steps)} steps (config {cfg})")
+    print(
+        f"{args.shape}, {args.num_requests} requests: {total:.2f} s, "
+        f"{out_tokens / total:.0f} output tok/s, {len(steps)} steps (config {cfg})"
+    )
     prev = t0
     kinds: dict[str, list[float]] = {}
     kv_read = 0
@@ -74,27 +86,37 @@ def main() -> None:
         k[2] += seqs
         k[3] += ctx
     for key, (n, sec, seqs, ctx) in sorted(kinds.items()):
-        print(f"  {key:18} {n:5} steps {sec:7.3f} s  {sec / n * 1e3:7.2f} ms/step  "
-              f"mean batch {seqs / n:6.1f}  mean context {ctx / max(seqs, 1):6.0f}")
-    print(f"decode attention reads {kv_read / 1e12:.2f} TB of KV: "
-          f"{kv_read / (HBM_TB_S * 1e12):.2f} s at {HBM_TB_S} TB/s")
+        print(
+            f"  {key:18} {n:5} steps {sec:7.3f} s  {sec / n * 1e3:7.2f} ms/step  "
+            f"mean batch {seqs / n:6.1f}  mean context {ctx / max(seqs, 1):6.0f}"
+        )
+    print(
+        f"decode attention reads {kv_read / 1e12:.2f} TB of KV: "
+        f"{kv_read / (HBM_TB_S * 1e12):.2f} s at {HBM_TB_S} TB/s"
+    )
     if args.torch_profile:
         import torch
 
         eng = llm.engine
         for i, (pr, sp) in enumerate(zip(prompts, params)):
             eng.add_request(f"p{i}", pr, sp)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                                torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+        ) as prof:
             t = time.perf_counter()
             for _ in range(args.torch_profile):
                 eng.step()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-        print(f"first {args.torch_profile} steps again, profiled: "
-              f"{(time.perf_counter() - t) * 1e3:.0f} ms")
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14,
-                                        max_name_column_width=50))
+        print(
+            f"first {args.torch_profile} steps again, profiled: "
+            f"{(time.perf_counter() - t) * 1e3:.0f} ms"
+        )
+        print(
+            prof.key_averages().table(
+                sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=50
+            )
+        )
         for i in range(len(prompts)):
             eng.abort_request(f"p{i}")
 

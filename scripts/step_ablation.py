@@ -61,8 +61,9 @@ PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
 
 def _patches(name):
     if name.startswith("da:"):  # module settings, ints
-        return [(decode_attention, k, int(v)) for k, v in
-                (kv.split("=") for kv in name[3:].split(";"))]
+        return [
+            (decode_attention, k, int(v)) for k, v in (kv.split("=") for kv in name[3:].split(";"))
+        ]
     return PATCHES.get(name, [])
 
 
@@ -98,8 +99,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-8b")
     p.add_argument("--quants", default="none,q8_0,affine4")
-    p.add_argument("--variants", default="full,norm,act,attn,qkv,gemv",
-                   help="comma-separated; da: variants separate settings with ';'")
+    p.add_argument(
+        "--variants",
+        default="full,norm,act,attn,qkv,gemv",
+        help="comma-separated; da: variants separate settings with ';'",
+    )
     p.add_argument("--context", type=int, default=2100)
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args()

@@ -16,11 +16,19 @@ from kipp_core.tiny import random_checkpoint
 
 
 def run(path, dtype, tp, prompt, n):
-    llm = LLM(str(path), backend="cuda", dtype=dtype, tensor_parallel=tp,
-              kv_cache_memory="8GiB", max_model_len=8192, max_num_seqs=8)
+    llm = LLM(
+        str(path),
+        backend="cuda",
+        dtype=dtype,
+        tensor_parallel=tp,
+        kv_cache_memory="8GiB",
+        max_model_len=8192,
+        max_num_seqs=8,
+    )
     logits = llm.logits(prompt)
-    toks = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n,
-                                                 ignore_eos=True))[0].token_ids
+    toks = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[
+        0
+    ].token_ids
     if tp > 1:
         llm.backend.close()
     del llm
@@ -46,8 +54,10 @@ def main() -> None:
         nmse = float(np.mean(d**2) / np.mean(l1.astype(np.float64) ** 2))
         rel = float(np.linalg.norm(d) / np.linalg.norm(l1))
         first = next((i for i, (a, b) in enumerate(zip(t1, t2)) if a != b), None)
-        print(f"{args.shape} {dtype}: TP2 vs TP1 logits rel err {rel:.2e}, NMSE {nmse:.2e}; "
-              f"greedy tokens equal for {args.tokens}: {t1 == t2} (first mismatch at {first})")
+        print(
+            f"{args.shape} {dtype}: TP2 vs TP1 logits rel err {rel:.2e}, NMSE {nmse:.2e}; "
+            f"greedy tokens equal for {args.tokens}: {t1 == t2} (first mismatch at {first})"
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ def _rank(rank, world, port, path, args, results):
     from kipp_cuda.backend import ShardBackend
 
     device = _init(rank, world, port, "cuda")
-    opts = BackendOptions(kv_cache_memory="4GiB", max_num_seqs=1, max_model_len=4096,
-                          tensor_parallel=world)
+    opts = BackendOptions(
+        kv_cache_memory="4GiB", max_num_seqs=1, max_model_len=4096, tensor_parallel=world
+    )
     shard = ShardBackend(Checkpoint(path), opts, device, rank, world)
     runner, model = shard.runner, shard.model
     runner.g_in[CTX, 0], runner.g_in[POS, 0] = args.context, args.context - 1
@@ -88,8 +89,9 @@ def _profile(g, device, path):
         for _ in range(3):
             g.replay()
         torch.cuda.synchronize(device)
-    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=25,
-                                      max_name_column_width=70)
+    table = prof.key_averages().table(
+        sort_by="self_device_time_total", row_limit=25, max_name_column_width=70
+    )
     with open(path, "w") as f:
         f.write(table)
 
@@ -108,22 +110,33 @@ def main() -> None:
     path = random_checkpoint(args.shape)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, args.world, port, path, args, results))
-             for port in [_free_port()] for r in range(args.world)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, args.world, port, path, args, results))
+        for port in [_free_port()]
+        for r in range(args.world)
+    ]
     for proc in procs:
         proc.start()
     gathered = results.get(timeout=900)
     for proc in procs:
         proc.join(timeout=60)
-    print(f"{args.shape} TP={args.world}, batch-1 decode graph, context {args.context}, "
-          f"{args.steps} replays back to back")
-    print("| variant | " + " | ".join(f"rank {r} ms/step" for r in range(args.world))
-          + " | tok/s | check |")
+    print(
+        f"{args.shape} TP={args.world}, batch-1 decode graph, context {args.context}, "
+        f"{args.steps} replays back to back"
+    )
+    print(
+        "| variant | "
+        + " | ".join(f"rank {r} ms/step" for r in range(args.world))
+        + " | tok/s | check |"
+    )
     print("|---|" + "---|" * args.world + "---|---|")
     for i, (name, _, note) in enumerate(gathered[0][0]):
         ms = [g[0][i][1] for g in gathered]
-        print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in ms)
-              + f" | {1000 / max(ms):.1f} | {note} |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{m:.3f}" for m in ms)
+            + f" | {1000 / max(ms):.1f} | {note} |"
+        )
     for r, (_, notes) in enumerate(gathered):
         for n in notes:
             print(f"rank {r}: {n}")

@@ -85,8 +85,9 @@ def build_parser() -> Parser:
         "the backend's device); one that is not installed is reported as skipped",
     )
     b.add_argument("--no-warmup", action="store_true", help="time the first run of each shape")
-    b.add_argument("--repeats", type=int, default=3,
-                   help="prefill runs a shape; the median counts (default 3)")
+    b.add_argument(
+        "--repeats", type=int, default=3, help="prefill runs a shape; the median counts (default 3)"
+    )
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", metavar="OUT", default=None, help="write the results as JSON")
     b.add_argument("--markdown", metavar="OUT", default=None, help="write a markdown table")

@@ -24,7 +24,7 @@ def split_reasoning(text: str, enabled: bool = True) -> tuple[str | None, str]:
     body = text.lstrip()
     if not enabled or not body.startswith(THINK_OPEN):
         return None, text
-    reasoning, _, content = body[len(THINK_OPEN):].partition(THINK_CLOSE)
+    reasoning, _, content = body[len(THINK_OPEN) :].partition(THINK_CLOSE)
     return reasoning.strip("\n"), content.lstrip("\n")
 
 
@@ -99,7 +99,7 @@ class ReasoningStream:
     def _step_start(self) -> None:
         body = self._pending.lstrip()
         if body.startswith(THINK_OPEN):
-            self._pending = body[len(THINK_OPEN):]
+            self._pending = body[len(THINK_OPEN) :]
             self._phase = _Phase.REASONING
         elif not THINK_OPEN.startswith(body):  # cannot become "<think>": plain content
             self._phase = _Phase.CONTENT

@@ -37,7 +37,8 @@ class ToolCallConstraint:
         self.table = table
         self.openings = [  # Latin-1 views of the UTF-8 bytes, like the token texts
             ('{"name": ' + json.dumps(n, ensure_ascii=False) + ', "arguments": ')
-            .encode().decode("latin-1")
+            .encode()
+            .decode("latin-1")
             for n in names
         ]
         self.end_token = end_token  # </tool_call>
@@ -54,8 +55,9 @@ class ToolCallConstraint:
         st.num_read = len(output_token_ids)
         m = np.zeros(self.table.vocab_size, dtype=bool)
         if st.phase == _NAME:
-            self._allow_prefixes(m, [o[len(st.text) :] for o in self.openings
-                                     if o.startswith(st.text)])
+            self._allow_prefixes(
+                m, [o[len(st.text) :] for o in self.openings if o.startswith(st.text)]
+            )
         elif st.phase == _ARGS:
             m |= self.args.allowed(stream, output_token_ids[st.args_start :], ())
         elif st.phase == _CLOSE:

@@ -114,7 +114,7 @@ def parse_tool_calls(content: str) -> tuple[str | None, list[ToolCall]]:
         end = content.find(CLOSE, start + len(OPEN))
         if end < 0:
             break  # never closed: the rest is text
-        call = parse_call(content[start + len(OPEN):end])
+        call = parse_call(content[start + len(OPEN) : end])
         end += len(CLOSE)
         if call is None:
             outside.append(content[pos:end])
@@ -191,17 +191,17 @@ class ToolCallStream:
         if start < 0:
             keep = partial_tag_len(self._buf, OPEN)
             self._content(self._buf[: len(self._buf) - keep])
-            self._buf = self._buf[len(self._buf) - keep:]
+            self._buf = self._buf[len(self._buf) - keep :]
             return False
         self._content(self._buf[:start])
-        self._buf = self._buf[start + len(OPEN):]
+        self._buf = self._buf[start + len(OPEN) :]
         self._in_block, self._json, self._json_len = True, JsonPrefix(), 0
         return True
 
     def _step_block(self) -> bool:
         end = self._buf.find(CLOSE, self._json_len)  # no close tag starts before _json_len
         if end >= 0:
-            inner, self._buf = self._buf[:end], self._buf[end + len(CLOSE):]
+            inner, self._buf = self._buf[:end], self._buf[end + len(CLOSE) :]
             self._in_block = False
             call = parse_call(inner)
             if call is None:
@@ -219,7 +219,7 @@ class ToolCallStream:
         """Whether the block read so far could still turn out a valid call."""
         known = len(self._buf) - partial_tag_len(self._buf, CLOSE)  # surely before the close tag
         was_complete = self._json.is_complete
-        if not self._json.feed(self._buf[self._json_len:known]):
+        if not self._json.feed(self._buf[self._json_len : known]):
             return False
         self._json_len = max(self._json_len, known)
         if self._json.is_complete and not was_complete:  # only whitespace may follow now
@@ -231,7 +231,7 @@ class ToolCallStream:
         if end < 0:
             keep = partial_tag_len(self._buf, CLOSE)
             self._content(self._buf[: len(self._buf) - keep])
-            self._buf = self._buf[len(self._buf) - keep:]
+            self._buf = self._buf[len(self._buf) - keep :]
             return False
         end += len(CLOSE)
         self._content(self._buf[:end])
@@ -250,7 +250,7 @@ class ToolCallStream:
         """Send content, holding back trailing whitespace and trimming leading whitespace."""
         text = self._held_ws + text
         body = text.rstrip()
-        self._held_ws = text[len(body):]
+        self._held_ws = text[len(body) :]
         if not body:
             return
         if not self._visible and self._calls:

@@ -52,8 +52,7 @@ def _field(w, SHIFT: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def unpack_words(words, BITS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-                 W: tl.constexpr):
+def unpack_words(words, BITS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, W: tl.constexpr):
     """words [D0, D1, W] int32 -> their [D0, D1, W * 32 / BITS] unsigned fields as exact fp32, in
     element order (LSB first); tl.join interleaves them back and keeps each word's values in the
     thread that loaded it."""
@@ -71,8 +70,9 @@ def unpack_words(words, BITS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
         e5 = _field(w, 20, BITS)
         e6 = _field(w, 24, BITS)
         e7 = _field(w, 28, BITS)
-        t = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)),
-                    tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+        t = tl.join(
+            tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7))
+        )
         return tl.reshape(t, [D0, D1, W * 8])
 
 
@@ -88,11 +88,27 @@ def _affine_gemv_tile(w_rows, s_rows, b_rows, g, WPG: tl.constexpr, ASM: tl.cons
 
 @triton.jit
 def _affine_gemv_kernel(
-    x_ptr, wq_ptr, s_ptr, b_ptr, out_ptr, part_ptr, lock_ptr,
-    N, num_groups, groups_per_split,
-    stride_wn, stride_sn, stride_bn,
-    BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    x_ptr,
+    wq_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    N,
+    num_groups,
+    groups_per_split,
+    stride_wn,
+    stride_sn,
+    stride_bn,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+    ASM: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_matmul's GEMV: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -111,17 +127,20 @@ def _affine_gemv_kernel(
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
     if PREFETCH:
-        w, s, b = _affine_gemv_tile(w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1),
-                                    WPG, ASM)
+        w, s, b = _affine_gemv_tile(
+            w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1), WPG, ASM
+        )
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
-            nw, ns, nb = _affine_gemv_tile(w_rows, s_rows, b_rows,
-                                           tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM)
+            nw, ns, nb = _affine_gemv_tile(
+                w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM
+            )
         else:  # one tile in flight a program, more programs an SM (fewer registers)
-            w, s, b = _affine_gemv_tile(w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1),
-                                        WPG, ASM)
+            w, s, b = _affine_gemv_tile(
+                w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1), WPG, ASM
+            )
         g = tl.minimum(g0 + rg, g_end - 1)
         xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
         x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -135,16 +154,30 @@ def _affine_gemv_kernel(
                 x_odd = (x1 + x3) + (x5 + x7)  # taken / 16
                 x_sum += x_even + 16.0 * x_odd
                 x_scaled += x_even + x_odd
-                xf += (f[0] * x[0][None, :] + f[1] * x1[None, :] + f[2] * x[2][None, :]
-                       + f[3] * x3[None, :] + f[4] * x[4][None, :] + f[5] * x5[None, :]
-                       + f[6] * x[6][None, :] + f[7] * x7[None, :])
+                xf += (
+                    f[0] * x[0][None, :]
+                    + f[1] * x1[None, :]
+                    + f[2] * x[2][None, :]
+                    + f[3] * x3[None, :]
+                    + f[4] * x[4][None, :]
+                    + f[5] * x5[None, :]
+                    + f[6] * x[6][None, :]
+                    + f[7] * x7[None, :]
+                )
             else:  # two words of four bytes
                 f0, f1, f2, f3 = byte_floats(w[2 * c], False, ASM)
                 f4, f5, f6, f7 = byte_floats(w[2 * c + 1], False, ASM)
                 x_sum += sum8(x)
-                xf += (f0 * x[0][None, :] + f1 * x[1][None, :] + f2 * x[2][None, :]
-                       + f3 * x[3][None, :] + f4 * x[4][None, :] + f5 * x[5][None, :]
-                       + f6 * x[6][None, :] + f7 * x[7][None, :])
+                xf += (
+                    f0 * x[0][None, :]
+                    + f1 * x[1][None, :]
+                    + f2 * x[2][None, :]
+                    + f3 * x[3][None, :]
+                    + f4 * x[4][None, :]
+                    + f5 * x[5][None, :]
+                    + f6 * x[6][None, :]
+                    + f7 * x[7][None, :]
+                )
         if BITS == 8:
             x_scaled = x_sum
         xq = (xf - 2.0 * x_scaled[None, :]) * 128.0
@@ -153,18 +186,51 @@ def _affine_gemv_kernel(
         if PREFETCH:
             w, s, b = nw, ns, nb
     out = tl.sum(acc, axis=1)[None, :]
-    store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
-               1, BLOCK_N, SPLIT_K)
+    store_tile(
+        out,
+        out_ptr,
+        part_ptr,
+        lock_ptr,
+        tl.arange(0, 1),
+        rn,
+        1,
+        N,
+        0,
+        pid_n,
+        pid_k,
+        1,
+        BLOCK_N,
+        SPLIT_K,
+    )
 
 
 @triton.jit(do_not_specialize=["T"])  # the token count changes every step
 def _affine_matmul_kernel(
-    x_ptr, wq_ptr, s_ptr, b_ptr, out_ptr, part_ptr, lock_ptr,
-    T, N, K, k_per_split,
-    stride_xt, stride_wn, stride_sn, stride_bn, stride_ot,
-    BITS: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    x_ptr,
+    wq_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    T,
+    N,
+    K,
+    k_per_split,
+    stride_xt,
+    stride_wn,
+    stride_sn,
+    stride_bn,
+    stride_ot,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     WPG: tl.constexpr = GROUP * BITS // 32
@@ -193,27 +259,43 @@ def _affine_matmul_kernel(
         g0 = k0 // GROUP
         if EVEN_K:
             x = tl.load(x_rows + rk[None, :], mask=m_mask[:, None], other=0)
-            words = tl.load(w_rows + g0 * WPG + w_off[None, :, :], mask=n_mask[:, None, None],
-                            other=0)
+            words = tl.load(
+                w_rows + g0 * WPG + w_off[None, :, :], mask=n_mask[:, None, None], other=0
+            )
             s = tl.load(s_rows + g0 + rg[None, :], mask=n_mask[:, None], other=0)
             b = tl.load(b_rows + g0 + rg[None, :], mask=n_mask[:, None], other=0)
         else:
             k_mask = rk < k_end
             g_mask = (g0 + rg) * GROUP < k_end
             x = tl.load(x_rows + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
-            words = tl.load(w_rows + g0 * WPG + w_off[None, :, :],
-                            mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
-            s = tl.load(s_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :],
-                        other=0)
-            b = tl.load(b_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :],
-                        other=0)
+            words = tl.load(
+                w_rows + g0 * WPG + w_off[None, :, :],
+                mask=n_mask[:, None, None] & g_mask[None, :, None],
+                other=0,
+            )
+            s = tl.load(s_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
+            b = tl.load(b_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
         q = unpack_words(words, BITS, BLOCK_N, NG, WPG)
         w = q * s.to(tl.float32)[:, :, None] + b.to(tl.float32)[:, :, None]
         w = tl.reshape(w, [BLOCK_N, BLOCK_K]).to(DOT_DTYPE)
         acc = tl.dot(x.to(DOT_DTYPE), tl.trans(w), acc, input_precision=INPUT_PRECISION)
     tile = pid_m * tl.cdiv(N, BLOCK_N) + pid_n
-    store_tile(acc, out_ptr, part_ptr, lock_ptr, rm, rn, T, N, stride_ot, tile, pid_k,
-               BLOCK_M, BLOCK_N, SPLIT_K)
+    store_tile(
+        acc,
+        out_ptr,
+        part_ptr,
+        lock_ptr,
+        rm,
+        rn,
+        T,
+        N,
+        stride_ot,
+        tile,
+        pid_k,
+        BLOCK_M,
+        BLOCK_N,
+        SPLIT_K,
+    )
 
 
 # -- host ---------------------------------------------------------------------------------------
@@ -221,25 +303,32 @@ def _affine_matmul_kernel(
 
 def _check(x, wq, scales, biases, bits, group_size) -> None:
     if bits not in (4, 8) or group_size not in (32, 64, 128):
-        raise ValueError(f"affine_matmul supports bits 4/8 and group_size 32/64/128, got "
-                         f"{bits}/{group_size}")
+        raise ValueError(
+            f"affine_matmul supports bits 4/8 and group_size 32/64/128, got {bits}/{group_size}"
+        )
     if x.dim() != 2 or wq.dim() != 2 or wq.dtype not in (torch.int32, torch.uint32):
-        raise ValueError(f"affine_matmul needs x [T, K] and wq int32 [N, K * bits / 32], got "
-                         f"{tuple(x.shape)} and {wq.dtype} {tuple(wq.shape)}")
+        raise ValueError(
+            f"affine_matmul needs x [T, K] and wq int32 [N, K * bits / 32], got "
+            f"{tuple(x.shape)} and {wq.dtype} {tuple(wq.shape)}"
+        )
     N, K = wq.shape[0], x.shape[1]
     if K % group_size or wq.shape[1] * 32 != K * bits:
-        raise ValueError(f"wq {tuple(wq.shape)} does not hold {K} {bits}-bit values a row (K must "
-                         f"be divisible by group_size {group_size})")
+        raise ValueError(
+            f"wq {tuple(wq.shape)} does not hold {K} {bits}-bit values a row (K must "
+            f"be divisible by group_size {group_size})"
+        )
     for name, t in (("scales", scales), ("biases", biases)):
         if t.shape != (N, K // group_size) or t.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"{name} must be float [{N}, {K // group_size}], got {t.dtype} "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be float [{N}, {K // group_size}], got {t.dtype} {tuple(t.shape)}"
+            )
     if x.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
 
 
-def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device,
-                bits: int = 4) -> dict:
+def gemv_config(
+    N: int, num_groups: int, group_size: int, device: torch.device, bits: int = 4
+) -> dict:
     """BLOCK_N rows x BLOCK_G groups a K step: 16 rows x 1 KB of each row's words (64 groups of
     32 at 4 bits) with one tile in flight a program, the fastest single config over the 8B shapes
     in the sixth session's sweep (168.9 us summed against 155.0 for each shape's best); 4 rows
@@ -258,8 +347,17 @@ def gemv_config(N: int, num_groups: int, group_size: int, device: torch.device,
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
 
 
-def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict | None = None,
-                out: torch.Tensor | None = None, asm: bool | None = None) -> torch.Tensor:
+def affine_gemv(
+    x,
+    wq,
+    scales,
+    biases,
+    bits: int,
+    group_size: int,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+    asm: bool | None = None,
+) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
     N, K = wq.shape[0], x.shape[1]
@@ -273,18 +371,40 @@ def affine_gemv(x, wq, scales, biases, bits: int, group_size: int, config: dict 
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](
-        x, wq, scales, biases, out, part, locks,
-        N, num_groups, per_split,
-        wq.stride(0), scales.stride(0), biases.stride(0),
-        BITS=bits, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"],
-        SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl), ASM=not interpreting() if asm is None else asm,
-        **launch_options(cfg), **pdl,
+        x,
+        wq,
+        scales,
+        biases,
+        out,
+        part,
+        locks,
+        N,
+        num_groups,
+        per_split,
+        wq.stride(0),
+        scales.stride(0),
+        biases.stride(0),
+        BITS=bits,
+        GROUP=group_size,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_G=cfg["BLOCK_G"],
+        SPLIT_K=cfg["SPLIT_K"],
+        PDL=bool(pdl),
+        ASM=not interpreting() if asm is None else asm,
+        **launch_options(cfg),
+        **pdl,
     )
     return out
 
 
-def _affine_matmul_op(x: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor,
-                      biases: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+def _affine_matmul_op(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    scales: torch.Tensor,
+    biases: torch.Tensor,
+    bits: int,
+    group_size: int,
+) -> torch.Tensor:
     _check(x, wq, scales, biases, bits, group_size)
     if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
         raise ValueError("affine_matmul needs every operand's last dimension contiguous")
@@ -306,14 +426,34 @@ def _affine_matmul_op(x: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor,
     n_tiles = triton.cdiv(T, bm) * triton.cdiv(N, bn)
     part, locks = split_k_buffers(x.device, n_tiles, split, bm, bn)
     _affine_matmul_kernel[(n_tiles, split)](
-        x, wq, scales, biases, out, part, locks,
-        T, N, K, per_split,
-        x.stride(0), wq.stride(0), scales.stride(0), biases.stride(0), out.stride(0),
-        BITS=bits, GROUP=group_size,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], SPLIT_K=split,
-        EVEN_K=K % bk == 0, DOT_DTYPE=dot_dtype(x.dtype),
+        x,
+        wq,
+        scales,
+        biases,
+        out,
+        part,
+        locks,
+        T,
+        N,
+        K,
+        per_split,
+        x.stride(0),
+        wq.stride(0),
+        scales.stride(0),
+        biases.stride(0),
+        out.stride(0),
+        BITS=bits,
+        GROUP=group_size,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split,
+        EVEN_K=K % bk == 0,
+        DOT_DTYPE=dot_dtype(x.dtype),
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return out
 
@@ -338,8 +478,9 @@ def affine_matmul_ref(x, wq, scales, biases, bits: int, group_size: int) -> torc
 affine_matmul = dispatch("affine_matmul", _affine_matmul_op, affine_matmul_ref)
 
 
-def affine_embedding(ids: torch.Tensor, wq, scales, biases, bits: int,
-                     group_size: int) -> torch.Tensor:
+def affine_embedding(
+    ids: torch.Tensor, wq, scales, biases, bits: int, group_size: int
+) -> torch.Tensor:
     """Rows `ids` [T] of an affine table, dequantized: fp32 [T, K]."""
     if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ids must be an integer [T] tensor, got {ids.dtype} {tuple(ids.shape)}")
@@ -356,18 +497,29 @@ def bench_specs(device: str = "cuda") -> list[dict]:
         for model, shapes in linear_shapes().items():
             for proj, (N, K) in shapes.items():
                 wbytes = N * K * (bits / 8 + 4 / 32)
-                w = [(torch.randint(-2**31, 2**31, (N, K * bits // 32), dtype=torch.int32,
-                                    device=device),
-                      torch.randn(N, K // 32, device=device, dtype=torch.bfloat16) / 64,
-                      torch.randn(N, K // 32, device=device, dtype=torch.bfloat16) / 64,
-                      bits, 32)
-                     for _ in range(rotating(wbytes))]
+                w = [
+                    (
+                        torch.randint(
+                            -(2**31), 2**31, (N, K * bits // 32), dtype=torch.int32, device=device
+                        ),
+                        torch.randn(N, K // 32, device=device, dtype=torch.bfloat16) / 64,
+                        torch.randn(N, K // 32, device=device, dtype=torch.bfloat16) / 64,
+                        bits,
+                        32,
+                    )
+                    for _ in range(rotating(wbytes))
+                ]
                 for T in TOKENS:
                     x = torch.randn(T, K, device=device, dtype=torch.bfloat16)
-                    specs.append({
-                        "name": f"affine{bits}_matmul", "kernels": ["affine_matmul"],
-                        "shape": f"{model} {proj} T={T} N={N} K={K}",
-                        "fn": rotate(affine_matmul, x, w), "ref": rotate(affine_matmul_ref, x, w),
-                        "bytes": wbytes + 2 * T * (K + N), "flops": 2 * T * N * K,
-                    })
+                    specs.append(
+                        {
+                            "name": f"affine{bits}_matmul",
+                            "kernels": ["affine_matmul"],
+                            "shape": f"{model} {proj} T={T} N={N} K={K}",
+                            "fn": rotate(affine_matmul, x, w),
+                            "ref": rotate(affine_matmul_ref, x, w),
+                            "bytes": wbytes + 2 * T * (K + N),
+                            "flops": 2 * T * N * K,
+                        }
+                    )
     return specs

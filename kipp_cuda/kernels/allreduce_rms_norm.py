@@ -45,17 +45,35 @@ def _trap(x):
 @triton.jit
 def _now_ns(x):
     # %globaltimer, ns; x only carries the asm (it is elementwise)
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64,
-                                     is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1
+    )
 
 
 @triton.jit
 def _allreduce_rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    send_ptr, send_flag_ptr, recv_ptr, recv_flag_ptr, epoch_ptr,
-    H, eps, max_spins, timeout_ns,
-    stride_x, stride_r, stride_o, stride_ro,
-    BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    send_ptr,
+    send_flag_ptr,
+    recv_ptr,
+    recv_flag_ptr,
+    epoch_ptr,
+    H,
+    eps,
+    max_spins,
+    timeout_ns,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    BLOCK_H: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     # send/recv rows: [T, H] of this call site in the peer's / this rank's receive buffer;
     # send/recv flags and epochs: [T] int32.
@@ -89,10 +107,19 @@ def _allreduce_rms_norm_kernel(
     tl.store(out_ptr + t * stride_o + cols, norm_row(s, w, H, eps, dtype), mask=mask)
 
 
-def allreduce_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                       residual: torch.Tensor | None, send: torch.Tensor, send_flags: torch.Tensor,
-                       recv: torch.Tensor, recv_flags: torch.Tensor, epochs: torch.Tensor,
-                       asm: bool | None = None, timeout_s: float = TIMEOUT_S):
+def allreduce_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    send: torch.Tensor,
+    send_flags: torch.Tensor,
+    recv: torch.Tensor,
+    recv_flags: torch.Tensor,
+    epochs: torch.Tensor,
+    asm: bool | None = None,
+    timeout_s: float = TIMEOUT_S,
+):
     """(rms_norm(x + peer's x [+ residual]) * weight, the sum that became the new residual) for
     x [T, H], this rank's partial rows. send/recv: [>= T, H] rows of this call site in the
     peer's and in this rank's receive buffer; send_flags/recv_flags/epochs: [>= T] int32 (see the
@@ -102,8 +129,10 @@ def allreduce_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if x.stride(-1) != 1 or (residual is not None and residual.stride(-1) != 1):
         raise ValueError("allreduce_rms_norm needs the hidden dimension contiguous")
     if send.shape[0] < T or recv.shape[0] < T or send.shape[1:] != (H,) or send.dtype != x.dtype:
-        raise ValueError(f"receive rows {tuple(send.shape)} {send.dtype} cannot hold x "
-                         f"{tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"receive rows {tuple(send.shape)} {send.dtype} cannot hold x "
+            f"{tuple(x.shape)} {x.dtype}"
+        )
     out = torch.empty((T, H), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out)
     if T == 0:
@@ -111,19 +140,41 @@ def allreduce_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     block_h, num_warps = row_launch(H)
     pdl = launch_kwargs(x.device)
     _allreduce_rms_norm_kernel[(T,)](
-        x, residual if residual is not None else x, weight, out, res_out,
-        send, send_flags, recv, recv_flags, epochs,
-        H, float(eps), MAX_SPINS, int(timeout_s * 1e9),
-        x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        res_out,
+        send,
+        send_flags,
+        recv,
+        recv_flags,
+        epochs,
+        H,
+        float(eps),
+        MAX_SPINS,
+        int(timeout_s * 1e9),
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
         res_out.stride(0),
-        BLOCK_H=block_h, HAS_RESIDUAL=residual is not None, PDL=bool(pdl),
-        ASM=x.is_cuda if asm is None else asm, num_warps=num_warps, **pdl,
+        BLOCK_H=block_h,
+        HAS_RESIDUAL=residual is not None,
+        PDL=bool(pdl),
+        ASM=x.is_cuda if asm is None else asm,
+        num_warps=num_warps,
+        **pdl,
     )
     return out, res_out
 
 
-def allreduce_rms_norm_ref(x: torch.Tensor, peer_x: torch.Tensor, weight: torch.Tensor,
-                           eps: float, residual: torch.Tensor | None = None):
+def allreduce_rms_norm_ref(
+    x: torch.Tensor,
+    peer_x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+):
     """What the fused kernel computes, given the peer's partial rows: the model-dtype sum, then
     rms_norm with the residual (or the sum itself as the new residual)."""
     s = (x.float() + peer_x.float()).to(x.dtype)

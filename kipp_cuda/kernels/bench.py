@@ -36,8 +36,12 @@ def linear_shapes() -> dict[str, dict[str, tuple[int, int]]]:
     """(N, K) of each fused projection: qkv, o, gate_up, down."""
     out = {}
     for model, (h, hq, hkv, d, inter) in MODELS.items():
-        out[model] = {"qkv": ((hq + 2 * hkv) * d, h), "o": (h, hq * d),
-                      "gate_up": (2 * inter, h), "down": (h, inter)}
+        out[model] = {
+            "qkv": ((hq + 2 * hkv) * d, h),
+            "o": (h, hq * d),
+            "gate_up": (2 * inter, h),
+            "down": (h, inter),
+        }
     return out
 
 
@@ -97,8 +101,12 @@ def run_kernel_bench(device: str = "cuda", only: str | None = None) -> list[dict
     return bench_rows(spec_modules(), measure_ceilings(device), only=only)
 
 
-def bench_rows(modules, ceil: dict[str, float], timer=_time_ms, only: str | None = None,
-               ) -> list[dict]:
+def bench_rows(
+    modules,
+    ceil: dict[str, float],
+    timer=_time_ms,
+    only: str | None = None,
+) -> list[dict]:
     """The rows for every spec of `modules`, timed with `timer(fn) -> ms`."""
     rows: list[dict] = []
     disabled = _disabled()
@@ -106,9 +114,15 @@ def bench_rows(modules, ceil: dict[str, float], timer=_time_ms, only: str | None
         for spec in mod.bench_specs():
             if only and only not in spec["name"]:
                 continue
-            row = {"name": spec["name"], "shape": spec.get("shape", ""), "module": mod.__name__,
-                   "bytes": spec["bytes"], "flops": spec["flops"],
-                   "ceiling_gb_s": ceil["gb_s"], "ceiling_tflop_s": ceil["tflop_s"]}
+            row = {
+                "name": spec["name"],
+                "shape": spec.get("shape", ""),
+                "module": mod.__name__,
+                "bytes": spec["bytes"],
+                "flops": spec["flops"],
+                "ceiling_gb_s": ceil["gb_s"],
+                "ceiling_tflop_s": ceil["tflop_s"],
+            }
             rows.append(row)
             if disabled:
                 row["refused"] = disabled
@@ -127,8 +141,15 @@ def bench_rows(modules, ceil: dict[str, float], timer=_time_ms, only: str | None
             ref_ms = timer(spec["ref"])
             gb_s = spec["bytes"] / ms / 1e6
             tflop_s = spec["flops"] / ms / 1e9
-            row.update(ms=ms, ref_ms=ref_ms, speedup=ref_ms / ms, gb_s=gb_s, tflop_s=tflop_s,
-                       bw_frac=gb_s / ceil["gb_s"], flop_frac=tflop_s / ceil["tflop_s"])
+            row.update(
+                ms=ms,
+                ref_ms=ref_ms,
+                speedup=ref_ms / ms,
+                gb_s=gb_s,
+                tflop_s=tflop_s,
+                bw_frac=gb_s / ceil["gb_s"],
+                flop_frac=tflop_s / ceil["tflop_s"],
+            )
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
@@ -138,18 +159,22 @@ def markdown(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)"
     c = rows[0]
-    lines = [f"Ceilings measured here: copy {c['ceiling_gb_s']:.0f} GB/s (read + write), "
-             f"bf16 matmul {c['ceiling_tflop_s']:.0f} TFLOP/s.", "",
-             "| kernel | shape | ms | ref ms | speedup | GB/s | % BW | TFLOP/s | % FLOP |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Ceilings measured here: copy {c['ceiling_gb_s']:.0f} GB/s (read + write), "
+        f"bf16 matmul {c['ceiling_tflop_s']:.0f} TFLOP/s.",
+        "",
+        "| kernel | shape | ms | ref ms | speedup | GB/s | % BW | TFLOP/s | % FLOP |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if "refused" in r:
-            lines.append(f"| {r['name']} | {r['shape']} | refused: {r['refused']} "
-                         f"| | | | | | |")
+            lines.append(f"| {r['name']} | {r['shape']} | refused: {r['refused']} | | | | | | |")
             continue
-        lines.append(f"| {r['name']} | {r['shape']} | {r['ms']:.4f} | {r['ref_ms']:.4f} | "
-                     f"{r['speedup']:.1f}x | {r['gb_s']:.0f} | {100 * r['bw_frac']:.0f}% | "
-                     f"{r['tflop_s']:.1f} | {100 * r['flop_frac']:.0f}% |")
+        lines.append(
+            f"| {r['name']} | {r['shape']} | {r['ms']:.4f} | {r['ref_ms']:.4f} | "
+            f"{r['speedup']:.1f}x | {r['gb_s']:.0f} | {100 * r['bw_frac']:.0f}% | "
+            f"{r['tflop_s']:.1f} | {100 * r['flop_frac']:.0f}% |"
+        )
     return "\n".join(lines)
 
 

@@ -31,11 +31,24 @@ def aligned_x(x: torch.Tensor) -> torch.Tensor:
 def _byte_asm(e: int, lut: int) -> str:
     # Byte i of $4 shifted to bits 15-22, then one LOP3 of it, the mask m of those bits and the
     # exponent word e into output $i.
-    shifts = ("shl.b32 a0, $4, 15;", "shl.b32 a1, $4, 7;", "shr.u32 a2, $4, 1;",
-              "shr.u32 a3, $4, 9;")
+    shifts = (
+        "shl.b32 a0, $4, 15;",
+        "shl.b32 a1, $4, 7;",
+        "shr.u32 a2, $4, 1;",
+        "shr.u32 a3, $4, 9;",
+    )
     lop3 = [f"lop3.b32 ${i}, a{i}, m, e, 0x{lut:02X};" for i in range(4)]
-    return "\n".join(["{", ".reg .b32 a0, a1, a2, a3, m, e;", "mov.b32 m, 0x007F8000;",
-                      f"mov.b32 e, 0x{e:08X};", *shifts, *lop3, "}"])
+    return "\n".join(
+        [
+            "{",
+            ".reg .b32 a0, a1, a2, a3, m, e;",
+            "mov.b32 m, 0x007F8000;",
+            f"mov.b32 e, 0x{e:08X};",
+            *shifts,
+            *lop3,
+            "}",
+        ]
+    )
 
 
 # lop3 0xEA: (a & m) | e. lop3 0x6A: m ? a ^ e : e, which also flips bit 22 (the byte's top bit)
@@ -50,8 +63,13 @@ def byte_floats(w, FLIP: tl.constexpr, ASM: tl.constexpr):
     byte as unsigned, with its top bit flipped if FLIP (then u = q + 128 for an int8 q)."""
     if ASM:
         f0, f1, f2, f3 = tl.inline_asm_elementwise(
-            asm=_BYTES_FLIPPED if FLIP else _BYTES, constraints="=r,=r,=r,=r,r", args=[w],
-            dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+            asm=_BYTES_FLIPPED if FLIP else _BYTES,
+            constraints="=r,=r,=r,=r,r",
+            args=[w],
+            dtype=(tl.int32,) * 4,
+            is_pure=True,
+            pack=1,
+        )
         f0 = f0.to(tl.float32, bitcast=True)
         f1 = f1.to(tl.float32, bitcast=True)
         f2 = f2.to(tl.float32, bitcast=True)
@@ -99,14 +117,32 @@ def nibble_floats(w, ASM: tl.constexpr):
             lop3.b32 $6, a3, lo, e, 0xEA;
             lop3.b32 $7, a3, hi, e, 0xEA;
             }""",
-            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[w], dtype=(tl.int32,) * 8,
-            is_pure=True, pack=1)
-        return (f0.to(tl.float32, bitcast=True), f1.to(tl.float32, bitcast=True),
-                f2.to(tl.float32, bitcast=True), f3.to(tl.float32, bitcast=True),
-                f4.to(tl.float32, bitcast=True), f5.to(tl.float32, bitcast=True),
-                f6.to(tl.float32, bitcast=True), f7.to(tl.float32, bitcast=True))
-    return (_nibble_float(w, 0), _nibble_float(w, 1), _nibble_float(w, 2), _nibble_float(w, 3),
-            _nibble_float(w, 4), _nibble_float(w, 5), _nibble_float(w, 6), _nibble_float(w, 7))
+            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
+            args=[w],
+            dtype=(tl.int32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        return (
+            f0.to(tl.float32, bitcast=True),
+            f1.to(tl.float32, bitcast=True),
+            f2.to(tl.float32, bitcast=True),
+            f3.to(tl.float32, bitcast=True),
+            f4.to(tl.float32, bitcast=True),
+            f5.to(tl.float32, bitcast=True),
+            f6.to(tl.float32, bitcast=True),
+            f7.to(tl.float32, bitcast=True),
+        )
+    return (
+        _nibble_float(w, 0),
+        _nibble_float(w, 1),
+        _nibble_float(w, 2),
+        _nibble_float(w, 3),
+        _nibble_float(w, 4),
+        _nibble_float(w, 5),
+        _nibble_float(w, 6),
+        _nibble_float(w, 7),
+    )
 
 
 @triton.jit
@@ -121,8 +157,14 @@ def load_words(ptr, ASM: tl.constexpr, NC: tl.constexpr = True):
             asm: tl.constexpr = "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];"
         else:
             asm: tl.constexpr = "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];"
-        return tl.inline_asm_elementwise(asm=asm, constraints="=r,=r,=r,=r,l", args=[ptr],
-                                         dtype=(tl.int32,) * 4, is_pure=False, pack=1)
+        return tl.inline_asm_elementwise(
+            asm=asm,
+            constraints="=r,=r,=r,=r,l",
+            args=[ptr],
+            dtype=(tl.int32,) * 4,
+            is_pure=False,
+            pack=1,
+        )
     return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
 
 
@@ -134,12 +176,22 @@ def load_scalar(ptr, ASM: tl.constexpr):
         ty = ptr.dtype.element_ty
         if ty.primitive_bitwidth == 16:
             v = tl.inline_asm_elementwise(
-                asm="ld.global.nc.b16 $0, [$1];", constraints="=h,l", args=[ptr],
-                dtype=tl.int16, is_pure=False, pack=1)
+                asm="ld.global.nc.b16 $0, [$1];",
+                constraints="=h,l",
+                args=[ptr],
+                dtype=tl.int16,
+                is_pure=False,
+                pack=1,
+            )
         else:
             v = tl.inline_asm_elementwise(
-                asm="ld.global.nc.b32 $0, [$1];", constraints="=r,l", args=[ptr],
-                dtype=tl.int32, is_pure=False, pack=1)
+                asm="ld.global.nc.b32 $0, [$1];",
+                constraints="=r,l",
+                args=[ptr],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
         return v.to(ty, bitcast=True)
     return tl.load(ptr)
 
@@ -159,21 +211,30 @@ def load_x8(x_ptr, first, ASM: tl.constexpr):
     """x[first + i] for i < 8 as eight fp32 tensors (first a multiple of 8 at each element): one
     16-byte load for bf16/fp16 x, two for fp32. Under the interpreter, eight plain loads."""
     if not ASM:
-        return (tl.load(x_ptr + first).to(tl.float32), tl.load(x_ptr + first + 1).to(tl.float32),
-                tl.load(x_ptr + first + 2).to(tl.float32),
-                tl.load(x_ptr + first + 3).to(tl.float32),
-                tl.load(x_ptr + first + 4).to(tl.float32),
-                tl.load(x_ptr + first + 5).to(tl.float32),
-                tl.load(x_ptr + first + 6).to(tl.float32),
-                tl.load(x_ptr + first + 7).to(tl.float32))
+        return (
+            tl.load(x_ptr + first).to(tl.float32),
+            tl.load(x_ptr + first + 1).to(tl.float32),
+            tl.load(x_ptr + first + 2).to(tl.float32),
+            tl.load(x_ptr + first + 3).to(tl.float32),
+            tl.load(x_ptr + first + 4).to(tl.float32),
+            tl.load(x_ptr + first + 5).to(tl.float32),
+            tl.load(x_ptr + first + 6).to(tl.float32),
+            tl.load(x_ptr + first + 7).to(tl.float32),
+        )
     words = (x_ptr + first).to(tl.pointer_type(tl.int32))
     a, b, c, d = load_words(words, ASM, False)
     if x_ptr.dtype.element_ty == tl.float32:
         e, f, g, h = load_words(words + 4, ASM, False)
-        return (a.to(tl.float32, bitcast=True), b.to(tl.float32, bitcast=True),
-                c.to(tl.float32, bitcast=True), d.to(tl.float32, bitcast=True),
-                e.to(tl.float32, bitcast=True), f.to(tl.float32, bitcast=True),
-                g.to(tl.float32, bitcast=True), h.to(tl.float32, bitcast=True))
+        return (
+            a.to(tl.float32, bitcast=True),
+            b.to(tl.float32, bitcast=True),
+            c.to(tl.float32, bitcast=True),
+            d.to(tl.float32, bitcast=True),
+            e.to(tl.float32, bitcast=True),
+            f.to(tl.float32, bitcast=True),
+            g.to(tl.float32, bitcast=True),
+            h.to(tl.float32, bitcast=True),
+        )
     BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
     x0, x1 = _half_floats(a, BF16)
     x2, x3 = _half_floats(b, BF16)

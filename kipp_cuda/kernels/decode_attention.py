@@ -54,10 +54,28 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0, end, h,
-               stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-               IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _load_tile(
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    bt_row,
+    n0,
+    end,
+    h,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_sb,
+    stride_ss,
+    stride_sh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     # K and V [BLOCK_N, HEAD_DIM] of KV positions [n0, min(n0 + BLOCK_N, end)) of kv head h,
     # both loads issued before any math uses them (V in flight with K).
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -68,16 +86,31 @@ def _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0, e
         block_id = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
     slot = block_id * stride_cb + (pos % PAGE_SIZE) * stride_cs + h * stride_ch
     sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
-    k = load_kv_tile(k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                     MASKED, DOT_DTYPE)
-    v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                     MASKED, DOT_DTYPE)
+    k = load_kv_tile(
+        k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
+    )
+    v = load_kv_tile(
+        v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
+    )
     return k, v
 
 
 @triton.jit
-def _tile_math(acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+def _tile_math(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k,
+    v,
+    n0,
+    end,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     # One online-softmax step over the loaded tile (positions [n0, end) valid); fp32 statistics.
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
     if MASKED:
@@ -91,18 +124,49 @@ def _tile_math(acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _attend_run(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads,
-                g_mask, start, end, ctx, k_pre, v_pre, qk_scale, stride_qb, stride_qh,
-                stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-                BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                PRECISION: tl.constexpr, PREFETCH: tl.constexpr):
+def _attend_run(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    bt_row,
+    b,
+    h,
+    heads,
+    g_mask,
+    start,
+    end,
+    ctx,
+    k_pre,
+    v_pre,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_sb,
+    stride_ss,
+    stride_sh,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     # (acc, m, l) of the query heads `heads` over KV positions [start, end): fp32, log2 domain.
     # With PREFETCH, k_pre/v_pre hold the first tile, loaded before the PDL wait.
     rd = tl.arange(0, HEAD_DIM)
     # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
-                mask=g_mask[:, None], other=0)
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
+        mask=g_mask[:, None],
+        other=0,
+    )
     q = q.to(DOT_DTYPE)
     m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros((BLOCK_G,), tl.float32)
@@ -113,43 +177,147 @@ def _attend_run(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_ro
         if start < first_end:
             if first_end == ctx:  # the tile holds this step's token, stored by the kernel before
                 k_pre, v_pre = _load_tile(
-                    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, start, first_end,
-                    h, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh, HEAD_DIM,
-                    BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE)
-            acc, m_i, l_i = _tile_math(acc, m_i, l_i, q, k_pre, v_pre, start, first_end,
-                                       qk_scale, BLOCK_N, True, DOT_DTYPE, PRECISION)
+                    k_cache_ptr,
+                    v_cache_ptr,
+                    k_scale_ptr,
+                    v_scale_ptr,
+                    bt_row,
+                    start,
+                    first_end,
+                    h,
+                    stride_cb,
+                    stride_cs,
+                    stride_ch,
+                    stride_sb,
+                    stride_ss,
+                    stride_sh,
+                    HEAD_DIM,
+                    BLOCK_N,
+                    PAGE_SIZE,
+                    IS_Q8,
+                    True,
+                    DOT_DTYPE,
+                )
+            acc, m_i, l_i = _tile_math(
+                acc,
+                m_i,
+                l_i,
+                q,
+                k_pre,
+                v_pre,
+                start,
+                first_end,
+                qk_scale,
+                BLOCK_N,
+                True,
+                DOT_DTYPE,
+                PRECISION,
+            )
         first = start + BLOCK_N
     # Whole tiles unmasked, then the sequence's ragged last tile, if any, masked.
     full_end = first + tl.maximum(end - first, 0) // BLOCK_N * BLOCK_N
     for n0 in range(first, full_end, BLOCK_N):
-        k, v = _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0, end, h,
-                          stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-                          HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE)
-        acc, m_i, l_i = _tile_math(acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N, False,
-                                   DOT_DTYPE, PRECISION)
+        k, v = _load_tile(
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            bt_row,
+            n0,
+            end,
+            h,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_sb,
+            stride_ss,
+            stride_sh,
+            HEAD_DIM,
+            BLOCK_N,
+            PAGE_SIZE,
+            IS_Q8,
+            False,
+            DOT_DTYPE,
+        )
+        acc, m_i, l_i = _tile_math(
+            acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N, False, DOT_DTYPE, PRECISION
+        )
     if full_end < end:
-        k, v = _load_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, full_end,
-                          end, h, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
-                          stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE)
-        acc, m_i, l_i = _tile_math(acc, m_i, l_i, q, k, v, full_end, end, qk_scale, BLOCK_N, True,
-                                   DOT_DTYPE, PRECISION)
+        k, v = _load_tile(
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            bt_row,
+            full_end,
+            end,
+            h,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_sb,
+            stride_ss,
+            stride_sh,
+            HEAD_DIM,
+            BLOCK_N,
+            PAGE_SIZE,
+            IS_Q8,
+            True,
+            DOT_DTYPE,
+        )
+        acc, m_i, l_i = _tile_math(
+            acc, m_i, l_i, q, k, v, full_end, end, qk_scale, BLOCK_N, True, DOT_DTYPE, PRECISION
+        )
     return acc, m_i, l_i
 
 
 @triton.jit
 def _paged_decode_attention_kernel(
-    out_ptr, mid_o_ptr, mid_lse_ptr, counters_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-    v_scale_ptr, block_tables_ptr, context_lens_ptr,
-    qk_scale, num_splits,
-    stride_qb, stride_qh, stride_ob, stride_oh,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-    stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    counters_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    qk_scale,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_sb,
+    stride_ss,
+    stride_sh,
     stride_bt,
-    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, MERGE_H: tl.constexpr, BLOCK_S: tl.constexpr,
-    CHUNK_S: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    MIN_TILES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
+    MERGE_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pdl_trigger(PDL)
     b = tl.program_id(0)
@@ -178,31 +346,116 @@ def _paged_decode_attention_kernel(
         # written by the kernel before; _attend_run reloads the tile that holds it), so they are
         # read while that kernel still runs.
         k_pre, v_pre = _load_tile(
-            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, start,
-            tl.minimum(start + BLOCK_N, end), h, stride_cb, stride_cs, stride_ch, stride_sb,
-            stride_ss, stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE)
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            bt_row,
+            start,
+            tl.minimum(start + BLOCK_N, end),
+            h,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_sb,
+            stride_ss,
+            stride_sh,
+            HEAD_DIM,
+            BLOCK_N,
+            PAGE_SIZE,
+            IS_Q8,
+            True,
+            DOT_DTYPE,
+        )
     pdl_wait(PDL)  # q and this step's K/V come from the kernel before
     if ONE_SPLIT:
         acc, m_i, l_i = _attend_run(
-            q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads, g_mask,
-            start, end, ctx, k_pre, v_pre, qk_scale, stride_qb, stride_qh, stride_cb, stride_cs,
-            stride_ch, stride_sb, stride_ss, stride_sh, BLOCK_G, HEAD_DIM, BLOCK_N, PAGE_SIZE,
-            IS_Q8, DOT_DTYPE, PRECISION, PREFETCH)
+            q_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            bt_row,
+            b,
+            h,
+            heads,
+            g_mask,
+            start,
+            end,
+            ctx,
+            k_pre,
+            v_pre,
+            qk_scale,
+            stride_qb,
+            stride_qh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_sb,
+            stride_ss,
+            stride_sh,
+            BLOCK_G,
+            HEAD_DIM,
+            BLOCK_N,
+            PAGE_SIZE,
+            IS_Q8,
+            DOT_DTYPE,
+            PRECISION,
+            PREFETCH,
+        )
         # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None],
+        )
     else:
         lse_ptrs = mid_lse_ptr + b * stride_lb + heads * stride_lh + split
         if start < ctx:
             acc, m_i, l_i = _attend_run(
-                q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, b, h, heads,
-                g_mask, start, end, ctx, k_pre, v_pre, qk_scale, stride_qb, stride_qh,
-                stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh, BLOCK_G,
-                HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, DOT_DTYPE, PRECISION, PREFETCH)
-            tl.store(mid_o_ptr + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms
-                     + rd[None, :], acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
-                     mask=g_mask[:, None])
+                q_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                bt_row,
+                b,
+                h,
+                heads,
+                g_mask,
+                start,
+                end,
+                ctx,
+                k_pre,
+                v_pre,
+                qk_scale,
+                stride_qb,
+                stride_qh,
+                stride_cb,
+                stride_cs,
+                stride_ch,
+                stride_sb,
+                stride_ss,
+                stride_sh,
+                BLOCK_G,
+                HEAD_DIM,
+                BLOCK_N,
+                PAGE_SIZE,
+                IS_Q8,
+                DOT_DTYPE,
+                PRECISION,
+                PREFETCH,
+            )
+            tl.store(
+                mid_o_ptr
+                + b * stride_mb
+                + heads[:, None] * stride_mh
+                + split * stride_ms
+                + rd[None, :],
+                acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
+                mask=g_mask[:, None],
+            )
             tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=g_mask)
         else:  # past the sequence: an empty partial, weight 0 in the merge
             tl.store(lse_ptrs, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=g_mask)
@@ -215,10 +468,27 @@ def _paged_decode_attention_kernel(
             if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
                 rh = tl.arange(0, MERGE_H)
                 # Splits from cdiv(ctx, split_len) on are empty: the merge does not visit them.
-                merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, b, h * G + rh, rh < G,
-                                 num_splits, tl.minimum(tl.cdiv(ctx, split_len), num_splits),
-                                 stride_ob, stride_oh, stride_mb, stride_mh, stride_ms,
-                                 stride_lb, stride_lh, MERGE_H, HEAD_DIM, BLOCK_S, CHUNK_S)
+                merge_head_group(
+                    out_ptr,
+                    mid_o_ptr,
+                    mid_lse_ptr,
+                    b,
+                    h * G + rh,
+                    rh < G,
+                    num_splits,
+                    tl.minimum(tl.cdiv(ctx, split_len), num_splits),
+                    stride_ob,
+                    stride_oh,
+                    stride_mb,
+                    stride_mh,
+                    stride_ms,
+                    stride_lb,
+                    stride_lh,
+                    MERGE_H,
+                    HEAD_DIM,
+                    BLOCK_S,
+                    CHUNK_S,
+                )
                 tl.atomic_xchg(counter, 0)  # re-armed for the next call (or graph replay)
 
 
@@ -229,39 +499,60 @@ def num_sms(device: torch.device) -> int:
     return 4  # the interpreter: small enough that the tests' short contexts still split
 
 
-def num_splits_for(batch: int, num_kv_heads: int, max_context_len: int,
-                   device: torch.device) -> int:
+def num_splits_for(
+    batch: int, num_kv_heads: int, max_context_len: int, device: torch.device
+) -> int:
     """How many sequence splits a decode call uses: host ints only (CUDA-graph safe)."""
     tiles = triton.cdiv(max(max_context_len, 1), BLOCK_N)
     want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), batch * num_kv_heads)
     return max(1, min(want, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
 
-def check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens,
-                            num_seqs: int) -> bool:
+def check_attention_inputs(
+    q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, num_seqs: int
+) -> bool:
     is_q8 = check_cache(k_cache, v_cache, k_scale, v_scale)
     num_kv_heads, head_dim = k_cache.shape[2:]
     if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads or q.stride(-1) != 1:
-        raise ValueError(f"q {tuple(q.shape)} must be [tokens, Hq, {head_dim}] with Hq a multiple "
-                         f"of {num_kv_heads}, head_dim contiguous")
+        raise ValueError(
+            f"q {tuple(q.shape)} must be [tokens, Hq, {head_dim}] with Hq a multiple "
+            f"of {num_kv_heads}, head_dim contiguous"
+        )
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"unsupported q dtype {q.dtype}")
     if not is_q8 and q.dtype != k_cache.dtype:
         raise ValueError(f"q {q.dtype} must match the cache dtype {k_cache.dtype}")
-    if (block_tables.dim() != 2 or block_tables.shape[0] != num_seqs
-            or block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1):
-        raise ValueError(f"block_tables must be int32 [{num_seqs}, max_blocks] row-major, got "
-                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
+    if (
+        block_tables.dim() != 2
+        or block_tables.shape[0] != num_seqs
+        or block_tables.dtype != torch.int32
+        or block_tables.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"block_tables must be int32 [{num_seqs}, max_blocks] row-major, got "
+            f"{block_tables.dtype} {tuple(block_tables.shape)}"
+        )
     if context_lens.shape != (num_seqs,) or context_lens.dtype != torch.int32:
-        raise ValueError(f"context_lens must be int32 [{num_seqs}], got {context_lens.dtype} "
-                         f"{tuple(context_lens.shape)}")
+        raise ValueError(
+            f"context_lens must be int32 [{num_seqs}], got {context_lens.dtype} "
+            f"{tuple(context_lens.shape)}"
+        )
     return is_q8
 
 
-def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, scale: float,
-                               k_scale=None, v_scale=None, max_context_len: int | None = None,
-                               num_splits: int | None = None,
-                               fused_merge: bool | None = None) -> torch.Tensor:
+def _paged_decode_attention_op(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale: float,
+    k_scale=None,
+    v_scale=None,
+    max_context_len: int | None = None,
+    num_splits: int | None = None,
+    fused_merge: bool | None = None,
+) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context.
 
     q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D] (int8 with fp16 k_scale,
@@ -274,8 +565,9 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
     Returns [B, Hq, D] in q's dtype.
     """
     B, num_q_heads, head_dim = q.shape
-    is_q8 = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables,
-                                    context_lens, B)
+    is_q8 = check_attention_inputs(
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B
+    )
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     G = num_q_heads // num_kv_heads
     out = torch.empty(B, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -290,8 +582,9 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
     if one_split:
         mid_o = mid_lse = out  # unused
     else:
-        mid_o = torch.empty(B, num_q_heads, num_splits, head_dim, dtype=torch.float32,
-                            device=q.device)
+        mid_o = torch.empty(
+            B, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
         mid_lse = torch.empty(B, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     counters = split_counters(q.device, B * num_kv_heads) if fused else out  # out: unused
     # The fused merge's blocks (1 when unused, so that they make no extra compilations).
@@ -301,31 +594,65 @@ def _paged_decode_attention_op(q, k_cache, v_cache, block_tables, context_lens, 
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
     pdl = launch_kwargs(q.device)
     _paged_decode_attention_kernel[(B, num_kv_heads, num_splits)](
-        out, mid_o, mid_lse, counters, q, k_cache, v_cache, k_scale, v_scale,
-        block_tables, context_lens,
-        scale * LOG2E, num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        out,
+        mid_o,
+        mid_lse,
+        counters,
+        q,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        block_tables,
+        context_lens,
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
         *((0, 0, 0, 0, 0) if one_split else (*mid_o.stride()[:3], *mid_lse.stride()[:2])),
-        *k_cache.stride()[:3], *s_strides,
+        *k_cache.stride()[:3],
+        *s_strides,
         block_tables.stride(0),
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
-        PAGE_SIZE=page_size, IS_Q8=is_q8, ONE_SPLIT=one_split, MIN_TILES=MIN_TILES_PER_SPLIT,
-        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32",
+        G=G,
+        BLOCK_G=max(16, triton.next_power_of_2(G)),
+        HEAD_DIM=head_dim,
+        BLOCK_N=BLOCK_N,
+        PAGE_SIZE=page_size,
+        IS_Q8=is_q8,
+        ONE_SPLIT=one_split,
+        MIN_TILES=MIN_TILES_PER_SPLIT,
+        DOT_DTYPE=dt,
+        PRECISION="ieee" if dt == tl.float32 else "tf32",
         PREFETCH=PREFETCH_KV and not one_split,
-        FUSED_MERGE=fused, MERGE_H=merge_h, BLOCK_S=block_s,
+        FUSED_MERGE=fused,
+        MERGE_H=merge_h,
+        BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
-        num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT, num_stages=NUM_STAGES,
-        PDL=bool(pdl), **pdl,
+        num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT,
+        num_stages=NUM_STAGES,
+        PDL=bool(pdl),
+        **pdl,
     )
     if not one_split and not fused:
         merge_splits(out, mid_o, mid_lse)
     return out
 
 
-def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float,
-                               k_scale=None, v_scale=None, max_context_len: int | None = None,
-                               num_splits: int | None = None,
-                               fused_merge: bool | None = None) -> torch.Tensor:
+def paged_decode_attention_ref(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale: float,
+    k_scale=None,
+    v_scale=None,
+    max_context_len: int | None = None,
+    num_splits: int | None = None,
+    fused_merge: bool | None = None,
+) -> torch.Tensor:
     B, num_q_heads, head_dim = q.shape
     check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
     G = num_q_heads // k_cache.shape[2]
@@ -340,23 +667,27 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, 
     return out
 
 
-paged_decode_attention = dispatch("paged_decode_attention", _paged_decode_attention_op,
-                                  paged_decode_attention_ref)
+paged_decode_attention = dispatch(
+    "paged_decode_attention", _paged_decode_attention_op, paged_decode_attention_ref
+)
 
 
 def bench_specs() -> list[dict]:
     """Qwen3-8B decode (Hq 32, Hkv 8, D 128, bf16, 32-token pages); bytes are the KV read."""
     specs = []
-    for name, B, ctx, q8 in (("decode b1 ctx16k", 1, 16384, False),
-                             ("decode b64 ctx2k", 64, 2048, False),
-                             ("decode b256 ctx1k", 256, 1024, False),
-                             ("decode b64 ctx2k q8", 64, 2048, True)):
+    for name, B, ctx, q8 in (
+        ("decode b1 ctx16k", 1, 16384, False),
+        ("decode b64 ctx2k", 64, 2048, False),
+        ("decode b256 ctx1k", 256, 1024, False),
+        ("decode b64 ctx2k q8", 64, 2048, True),
+    ):
         specs.append(_bench_case(name, B, ctx, q8))
     return specs
 
 
-def _bench_case(name: str, B: int, ctx: int, q8: bool, hq: int = 32, hkv: int = 8,
-                d: int = 128, page: int = 32) -> dict:
+def _bench_case(
+    name: str, B: int, ctx: int, q8: bool, hq: int = 32, hkv: int = 8, d: int = 128, page: int = 32
+) -> dict:
     dev, dt = "cuda", torch.bfloat16
     blocks_per_seq = triton.cdiv(ctx, page)
     num_blocks = B * blocks_per_seq
@@ -379,8 +710,10 @@ def _bench_case(name: str, B: int, ctx: int, q8: bool, hq: int = 32, hkv: int = 
     if q8:
         kv_bytes += 2 * B * ctx * hkv * (d // 32) * 2
     args = (q, kc, vc, bt, lens, scale, ks, vs, ctx)
-    return {"name": name, "fn": lambda: _paged_decode_attention_op(*args),
-            "ref": lambda: paged_decode_attention_ref(*args),
-            "bytes": kv_bytes + 2 * q.numel() * 2 + bt.numel() * 4,
-            "flops": 4 * B * hq * ctx * d}
-
+    return {
+        "name": name,
+        "fn": lambda: _paged_decode_attention_op(*args),
+        "ref": lambda: paged_decode_attention_ref(*args),
+        "bytes": kv_bytes + 2 * q.numel() * 2 + bt.numel() * 4,
+        "flops": 4 * B * hq * ctx * d,
+    }

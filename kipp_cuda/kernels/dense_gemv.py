@@ -34,9 +34,19 @@ def _gemv_x(x_ptr, rk, k_mask, K, ACT: tl.constexpr):
 
 @triton.jit
 def _dense_gemv_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr,
-    N, K, k_per_split, stride_wn,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, ACT: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    N,
+    K,
+    k_per_split,
+    stride_wn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    ACT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
@@ -61,8 +71,22 @@ def _dense_gemv_kernel(
         acc += w.to(tl.float32) * x[None, :]
         w = nw
     out = tl.sum(acc, axis=1)[None, :]
-    store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
-               1, BLOCK_N, SPLIT_K)
+    store_tile(
+        out,
+        out_ptr,
+        part_ptr,
+        lock_ptr,
+        tl.arange(0, 1),
+        rn,
+        1,
+        N,
+        0,
+        pid_n,
+        pid_k,
+        1,
+        BLOCK_N,
+        SPLIT_K,
+    )
 
 
 def gemv_config(N: int, K: int, device: torch.device) -> dict:
@@ -78,19 +102,25 @@ def gemv_config(N: int, K: int, device: torch.device) -> dict:
     block_n = max(2, min(16, triton.next_power_of_2(N // 512 + 1) // 2))
     block_k = min(triton.next_power_of_2(K), 256 if K <= 1024 else 512)
     split = 1
-    while (triton.cdiv(N, block_n) * split * 2 <= num_sms(device) and K // (split * 2) >= block_k
-           and split < 16):
+    while (
+        triton.cdiv(N, block_n) * split * 2 <= num_sms(device)
+        and K // (split * 2) >= block_k
+        and split < 16
+    ):
         split *= 2
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4)
 
 
-def _dense_gemv_op(x: torch.Tensor, w: torch.Tensor, act: bool = False,
-                   config: dict | None = None) -> torch.Tensor:
+def _dense_gemv_op(
+    x: torch.Tensor, w: torch.Tensor, act: bool = False, config: dict | None = None
+) -> torch.Tensor:
     """x [1, K] (or [1, 2K] gate_up with act=True), w [N, K] -> [1, N] in x.dtype."""
     K = w.shape[1] if w.dim() == 2 else -1
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != (2 * K if act else K):
-        raise ValueError(f"dense_gemv needs x [1, {'2K' if act else 'K'}] and w [N, K], got "
-                         f"{tuple(x.shape)}, {tuple(w.shape)}")
+        raise ValueError(
+            f"dense_gemv needs x [1, {'2K' if act else 'K'}] and w [N, K], got "
+            f"{tuple(x.shape)}, {tuple(w.shape)}"
+        )
     if w.stride(1) != 1:
         raise ValueError("dense_gemv needs w with a contiguous K dimension")
     N = w.shape[0]
@@ -102,14 +132,30 @@ def _dense_gemv_op(x: torch.Tensor, w: torch.Tensor, act: bool = False,
     grid, per_split, part, locks = gemv_launch(x.device, N, K, cfg, "BLOCK_K")
     pdl = launch_kwargs(x.device)
     _dense_gemv_kernel[grid](
-        x, w, out, part, locks, N, K, per_split, w.stride(0),
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg["SPLIT_K"], ACT=act,
-        PDL=bool(pdl), num_warps=cfg["num_warps"], num_stages=1, **pdl)
+        x,
+        w,
+        out,
+        part,
+        locks,
+        N,
+        K,
+        per_split,
+        w.stride(0),
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        SPLIT_K=cfg["SPLIT_K"],
+        ACT=act,
+        PDL=bool(pdl),
+        num_warps=cfg["num_warps"],
+        num_stages=1,
+        **pdl,
+    )
     return out
 
 
-def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor, act: bool = False,
-                   config: dict | None = None) -> torch.Tensor:
+def dense_gemv_ref(
+    x: torch.Tensor, w: torch.Tensor, act: bool = False, config: dict | None = None
+) -> torch.Tensor:
     if act:
         from kipp_cuda.kernels.swiglu import silu_and_mul_ref
 
@@ -122,11 +168,20 @@ dense_gemv = dispatch("dense_gemv", _dense_gemv_op, dense_gemv_ref)
 
 def bench_specs(device: str = "cuda") -> list[dict]:
     specs = []
-    for name, (N, K) in {"0.6B gate_up": (6144, 1024), "8B gate_up": (24576, 4096),
-                         "8B down": (4096, 12288)}.items():
+    for name, (N, K) in {
+        "0.6B gate_up": (6144, 1024),
+        "8B gate_up": (24576, 4096),
+        "8B down": (4096, 12288),
+    }.items():
         x = torch.randn(1, K, device=device, dtype=torch.bfloat16)
         w = torch.randn(N, K, device=device, dtype=torch.bfloat16)
-        specs.append({"name": f"dense_gemv {name}", "fn": lambda x=x, w=w: _dense_gemv_op(x, w),
-                      "ref": lambda x=x, w=w: dense_gemv_ref(x, w), "bytes": N * K * 2,
-                      "flops": 2 * N * K})
+        specs.append(
+            {
+                "name": f"dense_gemv {name}",
+                "fn": lambda x=x, w=w: _dense_gemv_op(x, w),
+                "ref": lambda x=x, w=w: dense_gemv_ref(x, w),
+                "bytes": N * K * 2,
+                "flops": 2 * N * K,
+            }
+        )
     return specs

@@ -23,9 +23,18 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 
 @triton.jit
-def load_kv_tile(cache_ptr, scale_ptr, row, scale_row, mask, HEAD_DIM: tl.constexpr,
-                 BLOCK_N: tl.constexpr, IS_Q8: tl.constexpr, HAS_MASK: tl.constexpr,
-                 DOT_DTYPE: tl.constexpr):
+def load_kv_tile(
+    cache_ptr,
+    scale_ptr,
+    row,
+    scale_row,
+    mask,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """A [BLOCK_N, HEAD_DIM] tile of K or V in DOT_DTYPE; `row`/`scale_row` are [BLOCK_N] element
     offsets of each position's head vector in the cache and in the scales (int64); positions
     outside `mask` (when HAS_MASK) are not read and come back as zeros."""
@@ -72,13 +81,29 @@ def _quantize_store(src, dst, scale_dst, h_mask, HEAD_DIM: tl.constexpr, BLOCK_H
 
 @triton.jit
 def _kv_write_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_mapping_ptr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    slot_mapping_ptr,
     num_kv_heads,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_cs, stride_ch,
-    stride_sb, stride_ss, stride_sh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-    IS_Q8: tl.constexpr, PDL: tl.constexpr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_sb,
+    stride_ss,
+    stride_sh,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One program per new token, all kv heads at once.
     pdl_trigger(PDL)
@@ -94,10 +119,22 @@ def _kv_write_kernel(
     dst = block_id * stride_cb + offset * stride_cs + h * stride_ch  # [BLOCK_H] int64
     if IS_Q8:
         sdst = block_id * stride_sb + offset * stride_ss + h * stride_sh
-        _quantize_store(k_ptr + t * stride_kt + h * stride_kh, k_cache_ptr + dst,
-                        k_scale_ptr + sdst, h_mask, HEAD_DIM, BLOCK_H)
-        _quantize_store(v_ptr + t * stride_vt + h * stride_vh, v_cache_ptr + dst,
-                        v_scale_ptr + sdst, h_mask, HEAD_DIM, BLOCK_H)
+        _quantize_store(
+            k_ptr + t * stride_kt + h * stride_kh,
+            k_cache_ptr + dst,
+            k_scale_ptr + sdst,
+            h_mask,
+            HEAD_DIM,
+            BLOCK_H,
+        )
+        _quantize_store(
+            v_ptr + t * stride_vt + h * stride_vh,
+            v_cache_ptr + dst,
+            v_scale_ptr + sdst,
+            h_mask,
+            HEAD_DIM,
+            BLOCK_H,
+        )
     else:
         d = tl.arange(0, HEAD_DIM)
         m2 = h_mask[:, None]
@@ -110,12 +147,16 @@ def _kv_write_kernel(
 def check_cache(k_cache, v_cache, k_scale, v_scale) -> bool:
     """Validate a layer's cache; True for a Q8_0 cache."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
-                         f"{tuple(v_cache.shape)} {v_cache.dtype} must be equal "
-                         f"[num_blocks, block_size, num_kv_heads, head_dim]")
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
+            f"{tuple(v_cache.shape)} {v_cache.dtype} must be equal "
+            f"[num_blocks, block_size, num_kv_heads, head_dim]"
+        )
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
-        raise ValueError(f"k_cache/v_cache strides {k_cache.stride()}/{v_cache.stride()} must "
-                         f"match, with head_dim contiguous")
+        raise ValueError(
+            f"k_cache/v_cache strides {k_cache.stride()}/{v_cache.stride()} must "
+            f"match, with head_dim contiguous"
+        )
     head_dim = k_cache.shape[-1]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"head_dim {head_dim} must be a power of two >= 16")
@@ -126,8 +167,10 @@ def check_cache(k_cache, v_cache, k_scale, v_scale) -> bool:
         want = (*k_cache.shape[:3], head_dim // QK8_0)
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if s is None or tuple(s.shape) != want or s.dtype != torch.float16:
-                raise ValueError(f"an int8 cache needs {name} float16 {want}, got "
-                                 f"{None if s is None else (tuple(s.shape), s.dtype)}")
+                raise ValueError(
+                    f"an int8 cache needs {name} float16 {want}, got "
+                    f"{None if s is None else (tuple(s.shape), s.dtype)}"
+                )
         if k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1:
             raise ValueError("k_scale/v_scale must have equal strides, last dim contiguous")
     elif k_cache.dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -151,30 +194,45 @@ def _kv_write_op(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=Non
     is_q8 = check_cache(k_cache, v_cache, k_scale, v_scale)
     T, num_kv_heads, head_dim = k.shape
     if v.shape != k.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
-        raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the cache "
-                         f"{tuple(k_cache.shape)}")
+        raise ValueError(
+            f"k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the cache {tuple(k_cache.shape)}"
+        )
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("k and v need head_dim contiguous")
     if not is_q8 and (k.dtype != k_cache.dtype or v.dtype != k_cache.dtype):
         raise ValueError(f"k/v {k.dtype}/{v.dtype} must match the cache dtype {k_cache.dtype}")
     if slot_mapping.shape != (T,) or slot_mapping.dtype != torch.int64:
-        raise ValueError(f"slot_mapping must be int64 [{T}], got {slot_mapping.dtype} "
-                         f"{tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be int64 [{T}], got {slot_mapping.dtype} "
+            f"{tuple(slot_mapping.shape)}"
+        )
     if T == 0:
         return None
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
     pdl = launch_kwargs(k.device)
     _kv_write_kernel[(T,)](
-        k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        slot_mapping,
         num_kv_heads,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
         *k_cache.stride()[:3],
         *s_strides,
-        BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), IS_Q8=is_q8,
+        BLOCK_SIZE=k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        IS_Q8=is_q8,
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 2,
         enable_fp_fusion=False,  # no fma(x, 1/d, 0.5): round x / d exactly as numpy does
-        PDL=bool(pdl), **pdl,
+        PDL=bool(pdl),
+        **pdl,
     )
     return None
 
@@ -227,9 +285,11 @@ def bench_specs() -> list[dict]:
     """Qwen3-8B shapes (Hkv 8, D 128): writing one decode step of 256 tokens and a 16k prompt."""
     dev = "cuda"
     specs = []
-    for name, T, q8 in (("kv_write decode 256 tok", 256, False),
-                        ("kv_write prefill 16k tok", 16384, False),
-                        ("kv_write prefill 16k tok q8", 16384, True)):
+    for name, T, q8 in (
+        ("kv_write decode 256 tok", 256, False),
+        ("kv_write prefill 16k tok", 16384, False),
+        ("kv_write prefill 16k tok q8", 16384, True),
+    ):
         num_blocks, block_size, hkv, d = T // 32 + 8, 32, 8, 128
         k = torch.randn(T, hkv, d, device=dev, dtype=torch.bfloat16)
         v = torch.randn_like(k)
@@ -245,6 +305,13 @@ def bench_specs() -> list[dict]:
         if q8:
             nbytes += 2 * T * hkv * (d // 32) * 2
         args = (k, v, kc, vc, slots, ks, vs)
-        specs.append({"name": name, "fn": lambda a=args: _kv_write_op(*a),
-                      "ref": lambda a=args: kv_write_ref(*a), "bytes": nbytes, "flops": 0})
+        specs.append(
+            {
+                "name": name,
+                "fn": lambda a=args: _kv_write_op(*a),
+                "ref": lambda a=args: kv_write_ref(*a),
+                "bytes": nbytes,
+                "flops": 0,
+            }
+        )
     return specs

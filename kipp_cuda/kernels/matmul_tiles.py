@@ -14,8 +14,22 @@ _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl
 
 
 @triton.jit
-def store_tile(acc, out_ptr, part_ptr, lock_ptr, rm, rn, T, N, stride_ot, tile, pid_k,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+def store_tile(
+    acc,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    rm,
+    rn,
+    T,
+    N,
+    stride_ot,
+    tile,
+    pid_k,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile of out (rows rm, columns rn). With SPLIT_K > 1 each
     split stores its partial; the last to arrive sums all SPLIT_K in order and writes out."""
     mask = (rm < T)[:, None] & (rn < N)[None, :]
@@ -62,8 +76,7 @@ def num_sms(device: torch.device) -> int:
 _LOCKS: dict[torch.device, list[torch.Tensor]] = {}
 
 
-def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m: int,
-                    block_n: int):
+def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m: int, block_n: int):
     """(partials, locks) for a split-K launch. The locks persist zeroed between calls (the last
     program of each tile re-arms its own), one set a device: split-K launches must not run
     concurrently on two streams. The first call allocates them, so make it before CUDA-graph
@@ -72,11 +85,13 @@ def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m:
         return None, None
     held = _LOCKS.setdefault(device, [])
     if not held or held[-1].numel() < num_tiles:
-        held.append(torch.zeros(max(4096, triton.next_power_of_2(num_tiles)), dtype=torch.int32,
-                                device=device))
+        held.append(
+            torch.zeros(
+                max(4096, triton.next_power_of_2(num_tiles)), dtype=torch.int32, device=device
+            )
+        )
     locks = held[-1]
-    part = torch.empty(num_tiles * split_k * block_m * block_n, dtype=torch.float32,
-                       device=device)
+    part = torch.empty(num_tiles * split_k * block_m * block_n, dtype=torch.float32, device=device)
     return part, locks
 
 
@@ -100,14 +115,18 @@ def launch_options(cfg: dict) -> dict:
     return opts
 
 
-def pick_split_k(device: torch.device, num_tiles: int, num_k_blocks: int,
-                 min_blocks_per_split: int = 4) -> int:
+def pick_split_k(
+    device: torch.device, num_tiles: int, num_k_blocks: int, min_blocks_per_split: int = 4
+) -> int:
     """A power of two that brings the programs to about two per SM, keeping each split at least
     `min_blocks_per_split` K blocks long."""
     split = 1
     target = 2 * num_sms(device)
-    while (num_tiles * split * 2 <= target
-           and num_k_blocks // (split * 2) >= min_blocks_per_split and split < 16):
+    while (
+        num_tiles * split * 2 <= target
+        and num_k_blocks // (split * 2) >= min_blocks_per_split
+        and split < 16
+    ):
         split *= 2
     return split
 

@@ -29,8 +29,11 @@ def _fmix32(h):
 
 @triton.jit
 def _uniform_rows_kernel(
-    k1_ptr, k2_ptr, out_ptr,
-    n, stride_o,
+    k1_ptr,
+    k2_ptr,
+    out_ptr,
+    n,
+    stride_o,
     BLOCK: tl.constexpr,
 ):
     # Program (row, block of columns); all hashing in uint32, which wraps like numpy's.
@@ -46,8 +49,10 @@ def _uniform_rows_kernel(
 
 def _check(k1: torch.Tensor, k2: torch.Tensor, n: int) -> None:
     if k1.dim() != 1 or k1.shape != k2.shape or k1.dtype != torch.int64 or k2.dtype != torch.int64:
-        raise ValueError(f"k1, k2 must be int64 [B], got {k1.dtype} {tuple(k1.shape)} and "
-                         f"{k2.dtype} {tuple(k2.shape)}")
+        raise ValueError(
+            f"k1, k2 must be int64 [B], got {k1.dtype} {tuple(k1.shape)} and "
+            f"{k2.dtype} {tuple(k2.shape)}"
+        )
     if n < 0 or n > 2**32:
         raise ValueError(f"n must be in [0, 2**32], got {n}")
 
@@ -59,7 +64,13 @@ def _uniform_rows_op(k1: torch.Tensor, k2: torch.Tensor, n: int) -> torch.Tensor
         return out
     block = min(2048, triton.next_power_of_2(n))
     _uniform_rows_kernel[(k1.shape[0], triton.cdiv(n, block))](
-        k1.contiguous(), k2.contiguous(), out, n, out.stride(0), BLOCK=block, num_warps=4,
+        k1.contiguous(),
+        k2.contiguous(),
+        out,
+        n,
+        out.stride(0),
+        BLOCK=block,
+        num_warps=4,
     )
     return out
 
@@ -98,9 +109,14 @@ def bench_specs(device: str = "cuda") -> list[dict]:
         k1 = torch.randint(0, 2**32, (B,), device=device, dtype=torch.int64)
         k2 = torch.randint(0, 2**32, (B,), device=device, dtype=torch.int64)
         args = (k1, k2, VOCAB)
-        specs.append({
-            "name": "uniform_rows", "shape": f"B={B} V={VOCAB}",
-            "fn": lambda a=args: uniform_rows(*a), "ref": lambda a=args: uniform_rows_ref(*a),
-            "bytes": B * VOCAB * 4, "flops": 0,
-        })
+        specs.append(
+            {
+                "name": "uniform_rows",
+                "shape": f"B={B} V={VOCAB}",
+                "fn": lambda a=args: uniform_rows(*a),
+                "ref": lambda a=args: uniform_rows_ref(*a),
+                "bytes": B * VOCAB * 4,
+                "flops": 0,
+            }
+        )
     return specs

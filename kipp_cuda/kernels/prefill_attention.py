@@ -31,12 +31,34 @@ SPLIT_MAX_Q_LEN = 16  # longer queries have programs enough along the query axis
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
-                 n0, q_pos, h, qk_scale,
-                 stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 IS_Q8: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                 PRECISION: tl.constexpr):
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    bt_row,
+    n0,
+    q_pos,
+    h,
+    qk_scale,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_sb,
+    stride_ss,
+    stride_sh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     # One online-softmax step over KV positions [n0, n0 + BLOCK_N); fp32 scores and sums.
     pos = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
@@ -48,8 +70,9 @@ def _attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
         block_id = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
     slot = block_id * stride_cb + (pos % PAGE_SIZE) * stride_cs + h * stride_ch
     sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
-    k = load_kv_tile(k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                     MASKED, DOT_DTYPE)
+    k = load_kv_tile(
+        k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
+    )
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     if MASKED:
         qk = tl.where(pos[None, :] <= q_pos[:, None], qk, float("-inf"))
@@ -60,8 +83,9 @@ def _attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
     p = tl.math.exp2(qk - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = load_kv_tile(v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8,
-                     MASKED, DOT_DTYPE)
+    v = load_kv_tile(
+        v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
+    )
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
@@ -69,19 +93,59 @@ def _attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
 # Per-step ints (batch size, split count and the strides it sets, block-table width) are not
 # specialized: each new 1 / multiple-of-16 pattern would compile another variant in the middle of
 # serving (~2 s of a 0.6B throughput run on the H200 went to that).
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_mt", "stride_mh", "stride_lt",
-                               "stride_lh", "stride_bt"])
+@triton.jit(
+    do_not_specialize=[
+        "num_seqs",
+        "num_splits",
+        "stride_mt",
+        "stride_mh",
+        "stride_lt",
+        "stride_lh",
+        "stride_bt",
+    ]
+)
 def _paged_prefill_attention_kernel(
-    out_ptr, mid_o_ptr, mid_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
-    qk_scale, num_seqs, num_kv_heads, num_splits,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
-    stride_cb, stride_cs, stride_ch, stride_sb, stride_ss, stride_sh,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_tables_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    qk_scale,
+    num_seqs,
+    num_kv_heads,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_sb,
+    stride_ss,
+    stride_sh,
     stride_bt,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, IS_Q8: tl.constexpr,
-    IS_SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_Q8: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # Heads vary fastest and the last tiles (the longest causal rows) start first, so the long
     # programs of every head run early and neighbours share the KV prefix in L2.
@@ -114,8 +178,11 @@ def _paged_prefill_attention_kernel(
     q_pos = ctx - q_len + tl.minimum(qi, q_last)  # padding rows copy the last row's bound
     rd = tl.arange(0, HEAD_DIM)
     t = (q_begin + qi).to(tl.int64)
-    q = tl.load(q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + rd[None, :],
-                mask=row_ok[:, None], other=0)
+    q = tl.load(
+        q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + rd[None, :],
+        mask=row_ok[:, None],
+        other=0,
+    )
     q = q.to(DOT_DTYPE)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running max, log2 domain
@@ -138,24 +205,82 @@ def _paged_prefill_attention_kernel(
     full_end = kv_lo + tl.maximum(tl.minimum(kv_hi, first_pos + 1) - kv_lo, 0) // BLOCK_N * BLOCK_N
     for n0 in range(kv_lo, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
-            n0, q_pos, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
-            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, False, DOT_DTYPE, PRECISION)
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            bt_row,
+            n0,
+            q_pos,
+            h,
+            qk_scale,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_sb,
+            stride_ss,
+            stride_sh,
+            HEAD_DIM,
+            BLOCK_N,
+            PAGE_SIZE,
+            IS_Q8,
+            False,
+            DOT_DTYPE,
+            PRECISION,
+        )
     for n0 in range(full_end, kv_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row,
-            n0, q_pos, h, qk_scale, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
-            stride_sh, HEAD_DIM, BLOCK_N, PAGE_SIZE, IS_Q8, True, DOT_DTYPE, PRECISION)
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            bt_row,
+            n0,
+            q_pos,
+            h,
+            qk_scale,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_sb,
+            stride_ss,
+            stride_sh,
+            HEAD_DIM,
+            BLOCK_N,
+            PAGE_SIZE,
+            IS_Q8,
+            True,
+            DOT_DTYPE,
+            PRECISION,
+        )
 
     if not IS_SPLIT:
         o = acc / l_i[:, None]  # every real row saw position 0, so l_i > 0
-        tl.store(out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + rd[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + rd[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
     else:
         # A row that saw nothing in this split: out 0, lse -inf (weight 0 in the merge).
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(mid_o_ptr + t[:, None] * stride_mt + heads[:, None] * stride_mh
-                 + split * stride_ms + rd[None, :], o, mask=row_ok[:, None])
+        tl.store(
+            mid_o_ptr
+            + t[:, None] * stride_mt
+            + heads[:, None] * stride_mh
+            + split * stride_ms
+            + rd[None, :],
+            o,
+            mask=row_ok[:, None],
+        )
         lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(mid_lse_ptr + t * stride_lt + heads * stride_lh + split, lse, mask=row_ok)
 
@@ -167,8 +292,13 @@ def prefill_config(max_q_len: int, G: int, dtype: torch.dtype) -> dict:
     num_stages = 3 if block_m >= 64 else 2
     if dtype == torch.float32:  # fp32 tiles need twice the shared memory
         block_m, block_n, num_stages = min(block_m, 64), 32, 2
-    return {"BLOCK_M": block_m, "BLOCK_Q": block_m // G, "BLOCK_N": block_n,
-            "num_warps": 8 if block_m >= 128 else 4, "num_stages": num_stages}
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_Q": block_m // G,
+        "BLOCK_N": block_n,
+        "num_warps": 8 if block_m >= 128 else 4,
+        "num_stages": num_stages,
+    }
 
 
 def prefill_num_splits(num_programs: int, max_q_len: int, device: torch.device) -> int:
@@ -180,9 +310,19 @@ def prefill_num_splits(num_programs: int, max_q_len: int, device: torch.device) 
     return max(1, min(want, MAX_SPLITS))
 
 
-def _paged_prefill_attention_op(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                                scale: float, max_q_len: int, k_scale=None, v_scale=None,
-                                num_splits: int | None = None) -> torch.Tensor:
+def _paged_prefill_attention_op(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale: float,
+    max_q_len: int,
+    k_scale=None,
+    v_scale=None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """Varlen causal attention of new tokens over their paged contexts.
 
     q [T, Hq, D]: sequence b's q_len queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the i-th
@@ -193,11 +333,14 @@ def _paged_prefill_attention_op(q, k_cache, v_cache, block_tables, cu_seqlens_q,
     """
     T, num_q_heads, head_dim = q.shape
     B = context_lens.shape[0]
-    is_q8 = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables,
-                                    context_lens, B)
+    is_q8 = check_attention_inputs(
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B
+    )
     if cu_seqlens_q.shape != (B + 1,) or cu_seqlens_q.dtype != torch.int32:
-        raise ValueError(f"cu_seqlens_q must be int32 [{B + 1}], got {cu_seqlens_q.dtype} "
-                         f"{tuple(cu_seqlens_q.shape)}")
+        raise ValueError(
+            f"cu_seqlens_q must be int32 [{B + 1}], got {cu_seqlens_q.dtype} "
+            f"{tuple(cu_seqlens_q.shape)}"
+        )
     if max_q_len < 1:
         raise ValueError(f"max_q_len must be >= 1, got {max_q_len}")
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -213,21 +356,44 @@ def _paged_prefill_attention_op(q, k_cache, v_cache, block_tables, cu_seqlens_q,
         mid_o = mid_lse = out  # unused
         mid_strides = (0,) * 5
     else:
-        mid_o = torch.empty(T, num_q_heads, num_splits, head_dim, dtype=torch.float32,
-                            device=q.device)
+        mid_o = torch.empty(
+            T, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
         mid_lse = torch.empty(T, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
         mid_strides = (*mid_o.stride()[:3], *mid_lse.stride()[:2])
     dt = dot_dtype(q.dtype)
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
     _paged_prefill_attention_kernel[(num_tiles * num_kv_heads, num_splits)](
-        out, mid_o, mid_lse, q, k_cache, v_cache, k_scale, v_scale,
-        block_tables, cu_seqlens_q, context_lens,
-        scale * LOG2E, B, num_kv_heads, num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *mid_strides,
-        *k_cache.stride()[:3], *s_strides,
+        out,
+        mid_o,
+        mid_lse,
+        q,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale * LOG2E,
+        B,
+        num_kv_heads,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *mid_strides,
+        *k_cache.stride()[:3],
+        *s_strides,
         block_tables.stride(0),
-        G=G, HEAD_DIM=head_dim, PAGE_SIZE=page_size, IS_Q8=is_q8, IS_SPLIT=num_splits > 1,
-        DOT_DTYPE=dt, PRECISION="ieee" if dt == tl.float32 else "tf32",
+        G=G,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        IS_Q8=is_q8,
+        IS_SPLIT=num_splits > 1,
+        DOT_DTYPE=dt,
+        PRECISION="ieee" if dt == tl.float32 else "tf32",
         **cfg,
     )
     if num_splits > 1:
@@ -235,9 +401,19 @@ def _paged_prefill_attention_op(q, k_cache, v_cache, block_tables, cu_seqlens_q,
     return out
 
 
-def paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                                scale: float, max_q_len: int, k_scale=None, v_scale=None,
-                                num_splits: int | None = None) -> torch.Tensor:
+def paged_prefill_attention_ref(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale: float,
+    max_q_len: int,
+    k_scale=None,
+    v_scale=None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     T, num_q_heads, head_dim = q.shape
     B = context_lens.shape[0]
     check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
@@ -252,31 +428,41 @@ def paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q,
         v = gather_kv_ref(v_cache, v_scale, block_tables[b], n).repeat_interleave(G, dim=1)
         for i in range(0, lq, 1024):  # query chunks bound the [h, q, n] scores at 16k
             j = min(lq, i + 1024)
-            s = torch.einsum("qhd,nhd->hqn", q[cu[b] + i:cu[b] + j].float(), k) * scale
+            s = torch.einsum("qhd,nhd->hqn", q[cu[b] + i : cu[b] + j].float(), k) * scale
             q_pos = torch.arange(n - lq + i, n - lq + j, device=q.device)
             causal = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
             s = s.masked_fill(~causal, float("-inf"))  # fp32 scores and softmax
             o = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
-            out[cu[b] + i:cu[b] + j] = o.to(q.dtype)
+            out[cu[b] + i : cu[b] + j] = o.to(q.dtype)
     return out
 
 
-paged_prefill_attention = dispatch("paged_prefill_attention", _paged_prefill_attention_op,
-                                   paged_prefill_attention_ref)
+paged_prefill_attention = dispatch(
+    "paged_prefill_attention", _paged_prefill_attention_op, paged_prefill_attention_ref
+)
 
 
 def bench_specs() -> list[dict]:
     """Qwen3-8B prefill (Hq 32, Hkv 8, D 128, bf16, 32-token pages); causal flops counted once."""
-    return [_bench_case("prefill 1x2k", [2048], [2048]),
-            _bench_case("prefill 1x16k", [16384], [16384]),
-            _bench_case("prefill 8x2k", [2048] * 8, [2048] * 8),
-            _bench_case("chunk 2k after 14k", [2048], [16384]),
-            _bench_case("verify 64x q4 ctx2k", [4] * 64, [2048] * 64),
-            _bench_case("verify 1x q5 ctx16k", [5], [16384])]
+    return [
+        _bench_case("prefill 1x2k", [2048], [2048]),
+        _bench_case("prefill 1x16k", [16384], [16384]),
+        _bench_case("prefill 8x2k", [2048] * 8, [2048] * 8),
+        _bench_case("chunk 2k after 14k", [2048], [16384]),
+        _bench_case("verify 64x q4 ctx2k", [4] * 64, [2048] * 64),
+        _bench_case("verify 1x q5 ctx16k", [5], [16384]),
+    ]
 
 
-def _bench_case(name: str, q_lens: list[int], ctxs: list[int], hq: int = 32, hkv: int = 8,
-                d: int = 128, page: int = 32) -> dict:
+def _bench_case(
+    name: str,
+    q_lens: list[int],
+    ctxs: list[int],
+    hq: int = 32,
+    hkv: int = 8,
+    d: int = 128,
+    page: int = 32,
+) -> dict:
     dev, dt = "cuda", torch.bfloat16
     B = len(ctxs)
     blocks_per_seq = triton.cdiv(max(ctxs), page)
@@ -285,15 +471,17 @@ def _bench_case(name: str, q_lens: list[int], ctxs: list[int], hq: int = 32, hkv
     vc = torch.randn_like(kc)
     bt = torch.randperm(num_blocks, device=dev).to(torch.int32).view(B, blocks_per_seq)
     lens = torch.tensor(ctxs, dtype=torch.int32, device=dev)
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
-                      device=dev)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
     T = sum(q_lens)
     q = torch.randn(T, hq, d, dtype=dt, device=dev)
     args = (q, kc, vc, bt, cu, lens, 1 / math.sqrt(d), max(q_lens))
     # Scores and PV: 4 * d flops per (query, head, visible position).
     visible = sum(lq * (n - lq) + lq * (lq + 1) // 2 for lq, n in zip(q_lens, ctxs))
     kv_bytes = sum(2 * n * hkv * d * 2 for n in ctxs)
-    return {"name": name, "fn": lambda: _paged_prefill_attention_op(*args),
-            "ref": lambda: paged_prefill_attention_ref(*args),
-            "bytes": kv_bytes + 2 * q.numel() * 2,
-            "flops": 4 * d * hq * visible}
+    return {
+        "name": name,
+        "fn": lambda: _paged_prefill_attention_op(*args),
+        "ref": lambda: paged_prefill_attention_ref(*args),
+        "bytes": kv_bytes + 2 * q.numel() * 2,
+        "flops": 4 * d * hq * visible,
+    }

@@ -71,11 +71,23 @@ def _q8_0_gemv_tile(w_rows, d_rows, g, ASM: tl.constexpr):
 
 @triton.jit
 def _q8_0_gemv_kernel(
-    x_ptr, qw_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
-    N, num_groups, groups_per_split,
-    stride_qn, stride_dn,
-    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-    ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    x_ptr,
+    qw_ptr,
+    d_ptr,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    N,
+    num_groups,
+    groups_per_split,
+    stride_qn,
+    stride_dn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+    ASM: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -97,8 +109,7 @@ def _q8_0_gemv_kernel(
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
-            nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1),
-                                     ASM)
+            nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
         else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
@@ -109,26 +120,63 @@ def _q8_0_gemv_kernel(
             x_sum += sum8(x)
             f0, f1, f2, f3 = byte_floats(w[2 * j], True, ASM)
             f4, f5, f6, f7 = byte_floats(w[2 * j + 1], True, ASM)
-            xf += (f0 * x[0][None, :] + f1 * x[1][None, :] + f2 * x[2][None, :]
-                   + f3 * x[3][None, :] + f4 * x[4][None, :] + f5 * x[5][None, :]
-                   + f6 * x[6][None, :] + f7 * x[7][None, :])
+            xf += (
+                f0 * x[0][None, :]
+                + f1 * x[1][None, :]
+                + f2 * x[2][None, :]
+                + f3 * x[3][None, :]
+                + f4 * x[4][None, :]
+                + f5 * x[5][None, :]
+                + f6 * x[6][None, :]
+                + f7 * x[7][None, :]
+            )
         # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
         part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
     out = tl.sum(acc, axis=1)[None, :]
-    store_tile(out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k,
-               1, BLOCK_N, SPLIT_K)
+    store_tile(
+        out,
+        out_ptr,
+        part_ptr,
+        lock_ptr,
+        tl.arange(0, 1),
+        rn,
+        1,
+        N,
+        0,
+        pid_n,
+        pid_k,
+        1,
+        BLOCK_N,
+        SPLIT_K,
+    )
 
 
 @triton.jit(do_not_specialize=["T"])  # the token count changes every step
 def _q8_0_matmul_kernel(
-    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, lock_ptr,
-    T, N, K, k_per_split,
-    stride_xt, stride_qn, stride_dn, stride_ot,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    x_ptr,
+    qs_ptr,
+    d_ptr,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    T,
+    N,
+    K,
+    k_per_split,
+    stride_xt,
+    stride_qn,
+    stride_dn,
+    stride_ot,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -160,16 +208,32 @@ def _q8_0_matmul_kernel(
             k_mask = rk < k_end
             g_mask = k0 + rg * 32 < k_end
             x = tl.load(x_rows + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
-            b = tl.load(qs_cols + k0 + kw, mask=n_mask[None, None, :] & g_mask[:, None, None],
-                        other=0)
-            d = tl.load(d_cols + k0 // 32 + rg[:, None], mask=n_mask[None, :] & g_mask[:, None],
-                        other=0)
+            b = tl.load(
+                qs_cols + k0 + kw, mask=n_mask[None, None, :] & g_mask[:, None, None], other=0
+            )
+            d = tl.load(
+                d_cols + k0 // 32 + rg[:, None], mask=n_mask[None, :] & g_mask[:, None], other=0
+            )
         w = int8_to_float(b) * d.to(tl.float32)[:, None, :]
         w = tl.reshape(w, [BLOCK_K, BLOCK_N]).to(DOT_DTYPE)
         acc = tl.dot(x.to(DOT_DTYPE), w, acc, input_precision=INPUT_PRECISION)
     tile = pid_m * tl.cdiv(N, BLOCK_N) + pid_n
-    store_tile(acc, out_ptr, part_ptr, lock_ptr, rm, rn, T, N, stride_ot, tile, pid_k,
-               BLOCK_M, BLOCK_N, SPLIT_K)
+    store_tile(
+        acc,
+        out_ptr,
+        part_ptr,
+        lock_ptr,
+        rm,
+        rn,
+        T,
+        N,
+        stride_ot,
+        tile,
+        pid_k,
+        BLOCK_M,
+        BLOCK_N,
+        SPLIT_K,
+    )
 
 
 # -- host ---------------------------------------------------------------------------------------
@@ -177,21 +241,23 @@ def _q8_0_matmul_kernel(
 
 def _check(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> None:
     if x.dim() != 2 or qs.dim() != 2 or x.shape[1] != qs.shape[1]:
-        raise ValueError(f"q8_0_matmul needs x [T, K] and qs [N, K], got {tuple(x.shape)} and "
-                         f"{tuple(qs.shape)}")
+        raise ValueError(
+            f"q8_0_matmul needs x [T, K] and qs [N, K], got {tuple(x.shape)} and {tuple(qs.shape)}"
+        )
     N, K = qs.shape
     if K % QK8_0 or qs.dtype != torch.int8:
-        raise ValueError(f"qs must be int8 [N, K] with K divisible by 32, got {qs.dtype} "
-                         f"{tuple(qs.shape)}")
+        raise ValueError(
+            f"qs must be int8 [N, K] with K divisible by 32, got {qs.dtype} {tuple(qs.shape)}"
+        )
     if d.shape != (N, K // QK8_0) or d.dtype != torch.float16:
-        raise ValueError(f"d must be float16 [{N}, {K // QK8_0}], got {d.dtype} "
-                         f"{tuple(d.shape)}")
+        raise ValueError(f"d must be float16 [{N}, {K // QK8_0}], got {d.dtype} {tuple(d.shape)}")
     if x.dtype not in _TL:
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
 
 
-def matmul_config(T: int, N: int, K: int, device: torch.device, dtype: torch.dtype,
-                  group_size: int = QK8_0) -> dict:
+def matmul_config(
+    T: int, N: int, K: int, device: torch.device, dtype: torch.dtype, group_size: int = QK8_0
+) -> dict:
     """Tile sizes for the tl.dot kernel (register counts checked with ptxas for sm_90: no spills
     in bf16/fp16)."""
     if interpreting():  # small tiles keep the CPU interpreter quick
@@ -244,8 +310,14 @@ def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
 
 
-def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict | None = None,
-              out: torch.Tensor | None = None, asm: bool | None = None) -> torch.Tensor:
+def q8_0_gemv(
+    x: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+    asm: bool | None = None,
+) -> torch.Tensor:
     """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
     N, K = qs.shape
@@ -259,11 +331,24 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, config: dict |
     x = aligned_x(x)
     pdl = launch_kwargs(x.device)
     _q8_0_gemv_kernel[grid](
-        x, qs.view(torch.int32), d, out, part, locks,
-        N, num_groups, per_split,
-        qs.stride(0) // 4, d.stride(0),
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_G=cfg["BLOCK_G"], SPLIT_K=cfg["SPLIT_K"], PDL=bool(pdl),
-        ASM=not interpreting() if asm is None else asm, **launch_options(cfg), **pdl,
+        x,
+        qs.view(torch.int32),
+        d,
+        out,
+        part,
+        locks,
+        N,
+        num_groups,
+        per_split,
+        qs.stride(0) // 4,
+        d.stride(0),
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_G=cfg["BLOCK_G"],
+        SPLIT_K=cfg["SPLIT_K"],
+        PDL=bool(pdl),
+        ASM=not interpreting() if asm is None else asm,
+        **launch_options(cfg),
+        **pdl,
     )
     return out
 
@@ -287,13 +372,30 @@ def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch
     n_tiles = triton.cdiv(T, bm) * triton.cdiv(N, bn)
     part, locks = split_k_buffers(x.device, n_tiles, split, bm, bn)
     _q8_0_matmul_kernel[(n_tiles, split)](
-        x, qs, d, out, part, locks,
-        T, N, K, per_split,
-        x.stride(0), qs.stride(0), d.stride(0), out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], SPLIT_K=split,
-        EVEN_K=K % bk == 0, DOT_DTYPE=dot_dtype(x.dtype),
+        x,
+        qs,
+        d,
+        out,
+        part,
+        locks,
+        T,
+        N,
+        K,
+        per_split,
+        x.stride(0),
+        qs.stride(0),
+        d.stride(0),
+        out.stride(0),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split,
+        EVEN_K=K % bk == 0,
+        DOT_DTYPE=dot_dtype(x.dtype),
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return out
 
@@ -328,16 +430,25 @@ def bench_specs(device: str = "cuda") -> list[dict]:
     for model, shapes in linear_shapes().items():
         for proj, (N, K) in shapes.items():
             wbytes = N * K * (1 + 2 / QK8_0)
-            w = [(torch.randint(-127, 128, (N, K), dtype=torch.int8, device=device),
-                  (torch.rand(N, K // QK8_0, device=device) / 64).to(torch.float16))
-                 for _ in range(rotating(wbytes))]
+            w = [
+                (
+                    torch.randint(-127, 128, (N, K), dtype=torch.int8, device=device),
+                    (torch.rand(N, K // QK8_0, device=device) / 64).to(torch.float16),
+                )
+                for _ in range(rotating(wbytes))
+            ]
             for T in TOKENS:
                 x = torch.randn(T, K, device=device, dtype=torch.bfloat16)
-                specs.append({
-                    "name": "q8_0_matmul", "shape": f"{model} {proj} T={T} N={N} K={K}",
-                    "fn": rotate(q8_0_matmul, x, w), "ref": rotate(q8_0_matmul_ref, x, w),
-                    "bytes": wbytes + 2 * T * (K + N), "flops": 2 * T * N * K,
-                })
+                specs.append(
+                    {
+                        "name": "q8_0_matmul",
+                        "shape": f"{model} {proj} T={T} N={N} K={K}",
+                        "fn": rotate(q8_0_matmul, x, w),
+                        "ref": rotate(q8_0_matmul_ref, x, w),
+                        "bytes": wbytes + 2 * T * (K + N),
+                        "flops": 2 * T * N * K,
+                    }
+                )
     return specs
 
 

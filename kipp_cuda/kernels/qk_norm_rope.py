@@ -22,12 +22,29 @@ from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, q_ptr, k_ptr,
-    slot_ptr, k_cache_ptr, v_cache_ptr,
-    num_heads, num_kv_heads, eps,
-    stride_qkv, stride_cs, stride_cb, stride_cs_, stride_ch,
-    HEAD_DIM: tl.constexpr, BLOCK_HEADS: tl.constexpr, WRITE_KV: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PDL: tl.constexpr,
+    qkv_ptr,
+    qw_ptr,
+    kw_ptr,
+    pos_ptr,
+    cos_sin_ptr,
+    q_ptr,
+    k_ptr,
+    slot_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    num_heads,
+    num_kv_heads,
+    eps,
+    stride_qkv,
+    stride_cs,
+    stride_cb,
+    stride_cs_,
+    stride_ch,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Program (token, block of BLOCK_HEADS heads among the Hq + Hkv q and k heads, and with
     # WRITE_KV the Hkv v heads after them). Each head is handled as its two halves, so
@@ -108,21 +125,27 @@ def _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads,
     T = qkv.shape[0]
     width = (num_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != width:
-        raise ValueError(f"qkv must be [T, {width}] for {num_heads}/{num_kv_heads} heads of "
-                         f"{head_dim}, got {tuple(qkv.shape)}")
+        raise ValueError(
+            f"qkv must be [T, {width}] for {num_heads}/{num_kv_heads} heads of "
+            f"{head_dim}, got {tuple(qkv.shape)}"
+        )
     if head_dim % 2 or q_weight.shape != (head_dim,) or k_weight.shape != (head_dim,):
-        raise ValueError(f"q_weight {tuple(q_weight.shape)} and k_weight {tuple(k_weight.shape)} "
-                         f"must be [{head_dim}] (even head_dim)")
+        raise ValueError(
+            f"q_weight {tuple(q_weight.shape)} and k_weight {tuple(k_weight.shape)} "
+            f"must be [{head_dim}] (even head_dim)"
+        )
     if positions.shape != (T,) or positions.dtype != torch.int64:
-        raise ValueError(f"positions must be int64 [{T}], got {positions.dtype} "
-                         f"{tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must be int64 [{T}], got {positions.dtype} {tuple(positions.shape)}"
+        )
     if cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim or cos_sin.dtype != torch.float32:
-        raise ValueError(f"cos_sin must be fp32 [max_pos, {head_dim}], got {cos_sin.dtype} "
-                         f"{tuple(cos_sin.shape)}")
+        raise ValueError(
+            f"cos_sin must be fp32 [max_pos, {head_dim}], got {cos_sin.dtype} "
+            f"{tuple(cos_sin.shape)}"
+        )
 
 
-def _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads,
-                  head_dim):
+def _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim):
     _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
     if head_dim & (head_dim - 1) or head_dim < 4:
         raise ValueError(f"the kernel needs a power-of-two head_dim, got {head_dim}")
@@ -130,8 +153,17 @@ def _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv
         raise ValueError("qkv and cos_sin need their last dimension contiguous")
 
 
-def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
-                     num_kv_heads: int, head_dim: int, eps: float):
+def _qk_norm_rope_op(
+    qkv,
+    q_weight,
+    k_weight,
+    positions,
+    cos_sin,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+):
     _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
     T = qkv.shape[0]
     q = torch.empty((T, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
@@ -142,12 +174,31 @@ def _qk_norm_rope_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int
     pdl = launch_kwargs(qkv.device)
     grid = (T, triton.cdiv(num_heads + num_kv_heads, block_heads))
     _qk_norm_rope_kernel[grid](
-        qkv, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, q, k,
-        positions, q, q,  # unused without WRITE_KV
-        num_heads, num_kv_heads, float(eps),
-        qkv.stride(0), cos_sin.stride(0), 0, 0, 0,
-        HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, WRITE_KV=False, PAGE_SIZE=1, num_warps=4,
-        PDL=bool(pdl), **pdl,
+        qkv,
+        q_weight.contiguous(),
+        k_weight.contiguous(),
+        positions,
+        cos_sin,
+        q,
+        k,
+        positions,
+        q,
+        q,  # unused without WRITE_KV
+        num_heads,
+        num_kv_heads,
+        float(eps),
+        qkv.stride(0),
+        cos_sin.stride(0),
+        0,
+        0,
+        0,
+        HEAD_DIM=head_dim,
+        BLOCK_HEADS=block_heads,
+        WRITE_KV=False,
+        PAGE_SIZE=1,
+        num_warps=4,
+        PDL=bool(pdl),
+        **pdl,
     )
     return q, k
 
@@ -157,8 +208,17 @@ def _norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (h.to(x.dtype).float() * w.float()).to(x.dtype)
 
 
-def qk_norm_rope_ref(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
-                     num_kv_heads: int, head_dim: int, eps: float):
+def qk_norm_rope_ref(
+    qkv,
+    q_weight,
+    k_weight,
+    positions,
+    cos_sin,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+):
     _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
     T, half = qkv.shape[0], head_dim // 2
     cs = cos_sin[positions]
@@ -179,16 +239,31 @@ qk_norm_rope = dispatch("qk_norm_rope", _qk_norm_rope_op, qk_norm_rope_ref)
 def _check_cache(qkv, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim):
     check_cache(k_cache, v_cache, None, None)
     if k_cache.dtype != qkv.dtype or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
-        raise ValueError(f"the cache {k_cache.dtype} {tuple(k_cache.shape)} must be "
-                         f"{qkv.dtype} [num_blocks, block_size, {num_kv_heads}, {head_dim}]")
+        raise ValueError(
+            f"the cache {k_cache.dtype} {tuple(k_cache.shape)} must be "
+            f"{qkv.dtype} [num_blocks, block_size, {num_kv_heads}, {head_dim}]"
+        )
     if slot_mapping.shape != (qkv.shape[0],) or slot_mapping.dtype != torch.int64:
-        raise ValueError(f"slot_mapping must be int64 [{qkv.shape[0]}], got "
-                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be int64 [{qkv.shape[0]}], got "
+            f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )
 
 
-def _qk_norm_rope_kv_write_op(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
-                              num_kv_heads: int, head_dim: int, eps: float, slot_mapping,
-                              k_cache, v_cache) -> torch.Tensor:
+def _qk_norm_rope_kv_write_op(
+    qkv,
+    q_weight,
+    k_weight,
+    positions,
+    cos_sin,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    slot_mapping,
+    k_cache,
+    v_cache,
+) -> torch.Tensor:
     """qk_norm_rope, then kv_write of its k and of qkv's v into a (not quantized) paged cache, in
     one launch. Returns q [T, Hq, D]."""
     _check_kernel(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim)
@@ -201,29 +276,59 @@ def _qk_norm_rope_kv_write_op(qkv, q_weight, k_weight, positions, cos_sin, num_h
     block_heads = min(8, triton.next_power_of_2(heads))
     pdl = launch_kwargs(qkv.device)
     _qk_norm_rope_kernel[(T, triton.cdiv(heads, block_heads))](
-        qkv, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, q, q,
-        slot_mapping, k_cache, v_cache,
-        num_heads, num_kv_heads, float(eps),
-        qkv.stride(0), cos_sin.stride(0), *k_cache.stride()[:3],
-        HEAD_DIM=head_dim, BLOCK_HEADS=block_heads, WRITE_KV=True, PAGE_SIZE=k_cache.shape[1],
-        num_warps=4, PDL=bool(pdl), **pdl,
+        qkv,
+        q_weight.contiguous(),
+        k_weight.contiguous(),
+        positions,
+        cos_sin,
+        q,
+        q,
+        slot_mapping,
+        k_cache,
+        v_cache,
+        num_heads,
+        num_kv_heads,
+        float(eps),
+        qkv.stride(0),
+        cos_sin.stride(0),
+        *k_cache.stride()[:3],
+        HEAD_DIM=head_dim,
+        BLOCK_HEADS=block_heads,
+        WRITE_KV=True,
+        PAGE_SIZE=k_cache.shape[1],
+        num_warps=4,
+        PDL=bool(pdl),
+        **pdl,
     )
     return q
 
 
-def qk_norm_rope_kv_write_ref(qkv, q_weight, k_weight, positions, cos_sin, num_heads: int,
-                              num_kv_heads: int, head_dim: int, eps: float, slot_mapping,
-                              k_cache, v_cache) -> torch.Tensor:
+def qk_norm_rope_kv_write_ref(
+    qkv,
+    q_weight,
+    k_weight,
+    positions,
+    cos_sin,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    slot_mapping,
+    k_cache,
+    v_cache,
+) -> torch.Tensor:
     _check_cache(qkv, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim)
-    q, k = qk_norm_rope_ref(qkv, q_weight, k_weight, positions, cos_sin, num_heads,
-                            num_kv_heads, head_dim, eps)
+    q, k = qk_norm_rope_ref(
+        qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim, eps
+    )
     v = qkv[:, (num_heads + num_kv_heads) * head_dim :].reshape(-1, num_kv_heads, head_dim)
     kv_write_ref(k, v, k_cache, v_cache, slot_mapping)
     return q
 
 
-qk_norm_rope_kv_write = dispatch("qk_norm_rope_kv_write", _qk_norm_rope_kv_write_op,
-                                 qk_norm_rope_kv_write_ref)
+qk_norm_rope_kv_write = dispatch(
+    "qk_norm_rope_kv_write", _qk_norm_rope_kv_write_op, qk_norm_rope_kv_write_ref
+)
 
 
 def bench_specs(device: str = "cuda") -> list[dict]:
@@ -241,9 +346,14 @@ def bench_specs(device: str = "cuda") -> list[dict]:
             args = (qkv, wq, wk, pos, cos_sin, hq, hkv, D, 1e-6)
             # q and k read and written once, one cos/sin row and position a token.
             nbytes = 2 * T * (hq + hkv) * D * 2 + T * (D * 4 + 8)
-            specs.append({
-                "name": "qk_norm_rope", "shape": f"{model} T={T} Hq={hq} Hkv={hkv} D={D}",
-                "fn": lambda a=args: qk_norm_rope(*a),
-                "ref": lambda a=args: qk_norm_rope_ref(*a), "bytes": nbytes, "flops": 0,
-            })
+            specs.append(
+                {
+                    "name": "qk_norm_rope",
+                    "shape": f"{model} T={T} Hq={hq} Hkv={hkv} D={D}",
+                    "fn": lambda a=args: qk_norm_rope(*a),
+                    "ref": lambda a=args: qk_norm_rope_ref(*a),
+                    "bytes": nbytes,
+                    "flops": 0,
+                }
+            )
     return specs

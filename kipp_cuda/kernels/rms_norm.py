@@ -17,10 +17,20 @@ from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    H, eps,
-    stride_x, stride_r, stride_o, stride_ro,
-    BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    H,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    BLOCK_H: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One program per token row; the whole row sits in registers (H <= 8192 for Qwen3).
     t, cols, mask, w, x = load_row(x_ptr, w_ptr, stride_x, H, BLOCK_H, PDL)
@@ -63,19 +73,27 @@ def row_launch(H: int) -> tuple[int, int]:
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
     if x.dim() != 2 or weight.shape != (x.shape[1],):
-        raise ValueError(f"rms_norm needs x [T, H] and weight [H], got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"rms_norm needs x [T, H] and weight [H], got {tuple(x.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x "
-                         f"{tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"residual {tuple(residual.shape)} {residual.dtype} must match x "
+            f"{tuple(x.shape)} {x.dtype}"
+        )
 
 
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None):
+def _rms_norm_op(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+):
     check_norm_args(x, weight, residual)
     T, H = x.shape
-    if x.stride(-1) != 1 or weight.stride(-1) != 1 or (
-            residual is not None and residual.stride(-1) != 1):
+    if (
+        x.stride(-1) != 1
+        or weight.stride(-1) != 1
+        or (residual is not None and residual.stride(-1) != 1)
+    ):
         raise ValueError("rms_norm needs the hidden dimension contiguous")
     out = torch.empty((T, H), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
@@ -84,18 +102,29 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
     block_h, num_warps = row_launch(H)
     pdl = launch_kwargs(x.device)
     _rms_norm_kernel[(T,)](
-        x, residual if residual is not None else x, weight, out, res_out,
-        H, float(eps),
-        x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        res_out,
+        H,
+        float(eps),
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
         res_out.stride(0),
-        BLOCK_H=block_h, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
-        PDL=bool(pdl), **pdl,
+        BLOCK_H=block_h,
+        HAS_RESIDUAL=residual is not None,
+        num_warps=num_warps,
+        PDL=bool(pdl),
+        **pdl,
     )
     return out if residual is None else (out, res_out)
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None):
+def rms_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+):
     check_norm_args(x, weight, residual)
     s = x if residual is None else (x + residual).to(x.dtype)
     h = s.float() * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + eps)
@@ -117,10 +146,15 @@ def bench_specs(device: str = "cuda") -> list[dict]:
             r = torch.randn_like(x)
             w = torch.randn(H, device=device, dtype=torch.bfloat16)
             args = (x, w, 1e-6, r)
-            specs.append({
-                "name": "rms_norm+residual", "kernels": ["rms_norm"],
-                "shape": f"{model} T={T} H={H}",
-                "fn": lambda a=args: rms_norm(*a), "ref": lambda a=args: rms_norm_ref(*a),
-                "bytes": 4 * T * H * 2 + H * 2, "flops": 0,
-            })
+            specs.append(
+                {
+                    "name": "rms_norm+residual",
+                    "kernels": ["rms_norm"],
+                    "shape": f"{model} T={T} H={H}",
+                    "fn": lambda a=args: rms_norm(*a),
+                    "ref": lambda a=args: rms_norm_ref(*a),
+                    "bytes": 4 * T * H * 2 + H * 2,
+                    "flops": 0,
+                }
+            )
     return specs

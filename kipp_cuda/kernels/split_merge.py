@@ -17,10 +17,20 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["num_splits", "stride_mt", "stride_mh", "stride_lt", "stride_lh"])
 def merge_splits_kernel(
-    out_ptr, mid_o_ptr, mid_lse_ptr,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
     num_splits,
-    stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
+    stride_ot,
+    stride_oh,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr,
 ):
     # One (token, head): out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse).
     # An empty split has lse -inf (weight 0) and its out is not read.
@@ -36,10 +46,12 @@ def merge_splits_kernel(
     acc = tl.zeros((HEAD_DIM,), tl.float32)
     for s0 in range(0, num_splits, CHUNK_S):
         rc = s0 + tl.arange(0, CHUNK_S)
-        w = tl.math.exp2(tl.load(lse_row + rc, mask=rc < num_splits, other=float("-inf"))
-                         - lse_max)
-        o = tl.load(mid_o_ptr + t * stride_mt + head * stride_mh + rc[:, None] * stride_ms
-                    + rd[None, :], mask=(w > 0)[:, None], other=0.0)
+        w = tl.math.exp2(tl.load(lse_row + rc, mask=rc < num_splits, other=float("-inf")) - lse_max)
+        o = tl.load(
+            mid_o_ptr + t * stride_mt + head * stride_mh + rc[:, None] * stride_ms + rd[None, :],
+            mask=(w > 0)[:, None],
+            other=0.0,
+        )
         acc += tl.sum(o * w[:, None], axis=0)
     o = acc / tl.where(den > 0, den, 1.0)
     tl.store(out_ptr + t * stride_ot + head * stride_oh + rd, o.to(out_ptr.dtype.element_ty))
@@ -49,19 +61,43 @@ def merge_splits(out, mid_o, mid_lse) -> None:
     """out [T, H, D] from split partials mid_o [T, H, S, D], mid_lse [T, H, S] (fp32, log2)."""
     T, H, S, D = mid_o.shape
     merge_splits_kernel[(T, H)](
-        out, mid_o, mid_lse, S,
-        out.stride(0), out.stride(1), *mid_o.stride()[:3], *mid_lse.stride()[:2],
-        HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(S), CHUNK_S=min(16, triton.next_power_of_2(S)),
+        out,
+        mid_o,
+        mid_lse,
+        S,
+        out.stride(0),
+        out.stride(1),
+        *mid_o.stride()[:3],
+        *mid_lse.stride()[:2],
+        HEAD_DIM=D,
+        BLOCK_S=triton.next_power_of_2(S),
+        CHUNK_S=min(16, triton.next_power_of_2(S)),
         num_warps=4,
     )
 
 
 @triton.jit
-def merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, t, heads, head_mask, num_splits,
-                     used_splits,
-                     stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
-                     BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                     CHUNK_S: tl.constexpr):
+def merge_head_group(
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    t,
+    heads,
+    head_mask,
+    num_splits,
+    used_splits,
+    stride_ot,
+    stride_oh,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr,
+):
     """merge_splits_kernel's math for the query heads `heads` ([BLOCK_H], `head_mask` the real
     ones) of token t at once. Splits from `used_splits` on must be empty (lse -inf): they weigh 0
     and are not visited; those before it must all hold positions (their partials are read
@@ -70,8 +106,12 @@ def merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, t, heads, head_mask, num_s
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, HEAD_DIM)
     lse_rows = mid_lse_ptr + t * stride_lt + heads[:, None] * stride_lh  # [BLOCK_H, 1]
-    lse = tl.load(lse_rows + rs[None, :], mask=head_mask[:, None] & (rs < num_splits)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")
+    lse = tl.load(
+        lse_rows + rs[None, :],
+        mask=head_mask[:, None] & (rs < num_splits)[None, :],
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )
     lse_max = tl.max(lse, axis=1)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all empty: out is 0
     den = tl.sum(tl.math.exp2(lse - lse_max[:, None]), axis=1)
@@ -79,18 +119,27 @@ def merge_head_group(out_ptr, mid_o_ptr, mid_lse_ptr, t, heads, head_mask, num_s
     o_rows = mid_o_ptr + t * stride_mt + heads[:, None, None] * stride_mh + rd[None, None, :]
     for s0 in range(0, used_splits, CHUNK_S):
         rc = s0 + tl.arange(0, CHUNK_S)
-        lse_c = tl.load(lse_rows + rc[None, :],
-                        mask=head_mask[:, None] & (rc < num_splits)[None, :],
-                        other=float("-inf"), cache_modifier=".cg")
+        lse_c = tl.load(
+            lse_rows + rc[None, :],
+            mask=head_mask[:, None] & (rc < num_splits)[None, :],
+            other=float("-inf"),
+            cache_modifier=".cg",
+        )
         w = tl.math.exp2(lse_c - lse_max[:, None])  # [BLOCK_H, CHUNK_S]
         # masked by position only, not by w: the loads go out with the lse loads, not after them
-        o = tl.load(o_rows + rc[None, :, None] * stride_ms,
-                    mask=head_mask[:, None, None] & (rc < used_splits)[None, :, None], other=0.0,
-                    cache_modifier=".cg")
+        o = tl.load(
+            o_rows + rc[None, :, None] * stride_ms,
+            mask=head_mask[:, None, None] & (rc < used_splits)[None, :, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         acc += tl.sum(o * w[:, :, None], axis=1)
     o = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + rd[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    tl.store(
+        out_ptr + t * stride_ot + heads[:, None] * stride_oh + rd[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=head_mask[:, None],
+    )
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
@@ -105,8 +154,11 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
     held = _COUNTERS.setdefault(torch.device(device), [])
     if not held or held[-1].numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"split_counters: {n} counters first asked for during CUDA-graph "
-                               "capture; make a warm-up call of the same size before capturing")
-        held.append(torch.zeros(max(4096, triton.next_power_of_2(n)), dtype=torch.int32,
-                                device=device))
+            raise RuntimeError(
+                f"split_counters: {n} counters first asked for during CUDA-graph "
+                "capture; make a warm-up call of the same size before capturing"
+            )
+        held.append(
+            torch.zeros(max(4096, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        )
     return held[-1]

@@ -12,9 +12,13 @@ from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr,
-    I, stride_x, stride_o,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    out_ptr,
+    I,
+    stride_x,
+    stride_o,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Program (token, column block).
     pdl_trigger(PDL)
@@ -46,7 +50,15 @@ def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(I))
     pdl = launch_kwargs(x.device)
     _silu_and_mul_kernel[(T, triton.cdiv(I, block))](
-        x, out, I, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, PDL=bool(pdl), **pdl,
+        x,
+        out,
+        I,
+        x.stride(0),
+        out.stride(0),
+        BLOCK=block,
+        num_warps=4,
+        PDL=bool(pdl),
+        **pdl,
     )
     return out
 
@@ -68,9 +80,14 @@ def bench_specs(device: str = "cuda") -> list[dict]:
     for model, (*_, inter) in MODELS.items():
         for T in TOKENS:
             x = torch.randn(T, 2 * inter, device=device, dtype=torch.bfloat16)
-            specs.append({
-                "name": "silu_and_mul", "shape": f"{model} T={T} I={inter}",
-                "fn": lambda a=x: silu_and_mul(a), "ref": lambda a=x: silu_and_mul_ref(a),
-                "bytes": 3 * T * inter * 2, "flops": 0,
-            })
+            specs.append(
+                {
+                    "name": "silu_and_mul",
+                    "shape": f"{model} T={T} I={inter}",
+                    "fn": lambda a=x: silu_and_mul(a),
+                    "ref": lambda a=x: silu_and_mul_ref(a),
+                    "bytes": 3 * T * inter * 2,
+                    "flops": 0,
+                }
+            )
     return specs

@@ -109,8 +109,12 @@ def _walk(row_ptr, L, target, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["L", "stride_e"])  # candidate count changes every step
 def _top_p_keep_kernel(
-    e_ptr, top_p_ptr, n_keep_ptr, total_ptr,
-    L, stride_e,
+    e_ptr,
+    top_p_ptr,
+    n_keep_ptr,
+    total_ptr,
+    L,
+    stride_e,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -124,8 +128,10 @@ def _top_p_keep_kernel(
 
 def _check(e: torch.Tensor, top_p: torch.Tensor) -> None:
     if e.dim() != 2 or e.dtype != torch.float32 or top_p.shape != (e.shape[0],):
-        raise ValueError(f"top_p_keep needs e float32 [R, L] and top_p [R], got {e.dtype} "
-                         f"{tuple(e.shape)} and {tuple(top_p.shape)}")
+        raise ValueError(
+            f"top_p_keep needs e float32 [R, L] and top_p [R], got {e.dtype} "
+            f"{tuple(e.shape)} and {tuple(top_p.shape)}"
+        )
 
 
 def _top_p_keep_op(e: torch.Tensor, top_p: torch.Tensor, return_total: bool = False):
@@ -136,8 +142,16 @@ def _top_p_keep_op(e: torch.Tensor, top_p: torch.Tensor, return_total: bool = Fa
     if R and (L == 0 or e.stride(1) != 1):
         raise ValueError("top_p_keep needs at least one column, contiguous")
     if R:
-        _top_p_keep_kernel[(R,)](e, top_p.to(torch.float32).contiguous(), out, total, L,
-                                 e.stride(0), BLOCK=BLOCK, num_warps=4)
+        _top_p_keep_kernel[(R,)](
+            e,
+            top_p.to(torch.float32).contiguous(),
+            out,
+            total,
+            L,
+            e.stride(0),
+            BLOCK=BLOCK,
+            num_warps=4,
+        )
     return (out, total) if return_total else out
 
 
@@ -173,11 +187,16 @@ def bench_specs(device: str = "cuda") -> list[dict]:
             s = torch.sort(x, dim=-1, descending=True).values
             e = torch.exp(s - s[:, :1]).contiguous()
             p = torch.full((B,), 0.9, device=device)
-            specs.append({
-                "name": "top_p_keep", "shape": f"B={B} V={VOCAB} logits*{scale:g}",
-                "fn": lambda a=(e, p): top_p_keep(*a), "ref": lambda a=(e, p): top_p_keep_ref(*a),
-                "bytes": e.numel() * 4, "flops": 0,
-            })
+            specs.append(
+                {
+                    "name": "top_p_keep",
+                    "shape": f"B={B} V={VOCAB} logits*{scale:g}",
+                    "fn": lambda a=(e, p): top_p_keep(*a),
+                    "ref": lambda a=(e, p): top_p_keep_ref(*a),
+                    "bytes": e.numel() * 4,
+                    "flops": 0,
+                }
+            )
     return specs + _sampler_specs(device)
 
 
@@ -190,17 +209,22 @@ def _sampler_specs(device: str) -> list[dict]:
     from kipp_cuda.sampler import sample_rows
 
     specs = []
-    for label, params in (("qwen3 defaults", SamplingParams(temperature=0.6, top_p=0.95,
-                                                            top_k=20)),
-                          ("temperature only", SamplingParams(temperature=0.8))):
+    for label, params in (
+        ("qwen3 defaults", SamplingParams(temperature=0.6, top_p=0.95, top_k=20)),
+        ("temperature only", SamplingParams(temperature=0.8)),
+    ):
         for B in (1, 64):
             logits = torch.randn(B, VOCAB, device=device) * 4
             states = [SamplerState(params, seed=i, output_token_ids=[1, 2]) for i in range(B)]
-            specs.append({
-                "name": "sample_rows", "kernels": ["uniform_rows", "top_p_keep"],
-                "shape": f"B={B} V={VOCAB} {label}",
-                "fn": lambda a=(logits, states): sample_rows(*a),
-                "ref": lambda a=(logits, states): sample_batch(a[0].cpu().numpy(), a[1]),
-                "bytes": logits.numel() * 4, "flops": 0,
-            })
+            specs.append(
+                {
+                    "name": "sample_rows",
+                    "kernels": ["uniform_rows", "top_p_keep"],
+                    "shape": f"B={B} V={VOCAB} {label}",
+                    "fn": lambda a=(logits, states): sample_rows(*a),
+                    "ref": lambda a=(logits, states): sample_batch(a[0].cpu().numpy(), a[1]),
+                    "bytes": logits.numel() * 4,
+                    "flops": 0,
+                }
+            )
     return specs

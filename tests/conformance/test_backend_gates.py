@@ -45,10 +45,23 @@ def test_float32_logits_match_oracle(make_llm, tiny_path):
     assert rel_err(llm.logits(p), ref) <= 1e-5
 
 
-GQA_SHAPES = [small_config(vocab_size=512, num_attention_heads=8, num_key_value_heads=1,
-                           head_dim=16, tie_word_embeddings=False),
-              small_config(vocab_size=512, hidden_size=80, num_attention_heads=10,
-                           num_key_value_heads=2, head_dim=16, intermediate_size=96)]
+GQA_SHAPES = [
+    small_config(
+        vocab_size=512,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=False,
+    ),
+    small_config(
+        vocab_size=512,
+        hidden_size=80,
+        num_attention_heads=10,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+    ),
+]
 
 
 @pytest.mark.parametrize("cfg", GQA_SHAPES, ids=["gqa8-untied", "gqa5"])
@@ -146,9 +159,20 @@ def test_seeded_sampling_matches_oracle_sampler(make_llm, tiny_path, backend):
     """Device samplers equal kipp_core.sampling: the same seeded tokens as the oracle backend."""
     from kipp_core.llm import LLM
 
-    sp = [SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.01, seed=s, max_tokens=6,
-                         presence_penalty=0.5, repetition_penalty=1.2, ignore_eos=True)
-          for s in range(4)]
+    sp = [
+        SamplingParams(
+            temperature=0.8,
+            top_k=40,
+            top_p=0.9,
+            min_p=0.01,
+            seed=s,
+            max_tokens=6,
+            presence_penalty=0.5,
+            repetition_penalty=1.2,
+            ignore_eos=True,
+        )
+        for s in range(4)
+    ]
     p = prompts(1, seed=12)[0]
     got = [o.token_ids for o in make_llm().generate([p] * 4, sp)]
     ref = [o.token_ids for o in LLM(str(tiny_path)).generate([p] * 4, sp)]

@@ -17,8 +17,25 @@ FAST = settings(max_examples=200, deadline=None)
 # `a` finishes whatever token p ends inside (string, escape, \u, literal, number) and `b` supplies
 # what the grammar still needs (a key's value, a value after ":" or ",", a whole top-level object).
 # The closers come from a naive bracket scan. Every valid prefix has a completion of this shape.
-_FINISH_TOKEN = ['', '"', 'n"', '0"', '00"', '000"', '0000"', "0",
-                 "e", "ue", "rue", "l", "ll", "ull", "se", "lse", "alse"]
+_FINISH_TOKEN = [
+    "",
+    '"',
+    'n"',
+    '0"',
+    '00"',
+    '000"',
+    '0000"',
+    "0",
+    "e",
+    "ue",
+    "rue",
+    "l",
+    "ll",
+    "ull",
+    "se",
+    "lse",
+    "alse",
+]
 _FILL = ["", ":0", '"k":0', "0", "{}"]
 _CLOSE = {"{": "}", "[": "]"}
 
@@ -69,12 +86,18 @@ def accepted_len(text: str) -> int:
 
 # ---- generated JSON -------------------------------------------------------------------------
 
-_scalars = (st.none() | st.booleans() | st.integers(-10**20, 10**20)
-            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
 _values = st.recursive(
     _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 _objects = st.dictionaries(st.text(max_size=5), _values, max_size=5)
@@ -86,8 +109,9 @@ def json_texts(draw) -> str:
     """A JSON object as json.dumps may write it, with random layout and surrounding whitespace."""
     seps = draw(st.sampled_from([None, (",", ":"), (", ", ": "), (" ,", " : ")]))
     indent = draw(st.sampled_from([None, 0, 2, "\t"]))
-    body = json.dumps(draw(_objects), ensure_ascii=draw(st.booleans()), indent=indent,
-                      separators=seps)
+    body = json.dumps(
+        draw(_objects), ensure_ascii=draw(st.booleans()), indent=indent, separators=seps
+    )
     return draw(_ws) + body + draw(_ws)
 
 
@@ -120,9 +144,13 @@ def test_chunked_feeding_matches(data) -> None:
 
 _MUTATION_CHARS = '{}[]":,.-+eE019 tfnrulas\\u\nx\x01\x7f'
 _mutations = st.lists(
-    st.tuples(st.integers(0, 10**6), st.sampled_from(["insert", "delete", "replace"]),
-              st.sampled_from(_MUTATION_CHARS)),
-    min_size=1, max_size=3,
+    st.tuples(
+        st.integers(0, 10**6),
+        st.sampled_from(["insert", "delete", "replace"]),
+        st.sampled_from(_MUTATION_CHARS),
+    ),
+    min_size=1,
+    max_size=3,
 )
 
 
@@ -132,9 +160,9 @@ def _mutate(text: str, mutations) -> str:
         if op == "insert":
             text = text[:i] + c + text[i:]
         elif op == "delete":
-            text = text[:i] + text[i + 1:]
+            text = text[:i] + text[i + 1 :]
         else:
-            text = text[:i] + c + text[i + 1:]
+            text = text[:i] + c + text[i + 1 :]
     return text
 
 
@@ -142,7 +170,7 @@ def _check_against_oracle(text: str) -> None:
     n = accepted_len(text)
     assert oracle_is_prefix(text[:n]), f"accepted but not completable: {text[:n]!r}"
     if n < len(text):
-        assert not oracle_is_prefix(text[: n + 1]), f"rejected a valid prefix: {text[:n + 1]!r}"
+        assert not oracle_is_prefix(text[: n + 1]), f"rejected a valid prefix: {text[: n + 1]!r}"
     jp = JsonPrefix()
     jp.feed(text[:n])
     assert jp.is_complete == _is_object(text[:n])
@@ -161,18 +189,59 @@ def test_random_strings_match_oracle(tail: str) -> None:
 
 
 VALID = [
-    "{}", ' \n\t\r{ }', '{"a":-0.5e+10}', '{"a":0}', '{"a":-0}', '{"a":1E5}', '{"a":1e-0}',
-    '{"a":[]}', '{"a":[{}, [], "x", true, false, null, 0.25]}',
+    "{}",
+    " \n\t\r{ }",
+    '{"a":-0.5e+10}',
+    '{"a":0}',
+    '{"a":-0}',
+    '{"a":1E5}',
+    '{"a":1e-0}',
+    '{"a":[]}',
+    '{"a":[{}, [], "x", true, false, null, 0.25]}',
     '{"a":"\\u00e9\\"\\\\\\/\\b\\f\\n"}',
-    '{"ü": "日本語 \U0001f600"}', '{"a":{"b":{"c":[[[]]]}}} \n', '{"":""}',
+    '{"ü": "日本語 \U0001f600"}',
+    '{"a":{"b":{"c":[[[]]]}}} \n',
+    '{"":""}',
 ]
 INVALID = [
-    '{"a" 1}', "{,}", "[1]", '"s"', "1", "true", '{"a":01}', '{"a":tru}x', '{"a":tx',
+    '{"a" 1}',
+    "{,}",
+    "[1]",
+    '"s"',
+    "1",
+    "true",
+    '{"a":01}',
+    '{"a":tru}x',
+    '{"a":tx',
     '{"a":"\x01"}',
-    '{"a":"\n"}', '{"a":1.}', '{"a":.5}', '{"a":-}', '{"a":1e}', '{"a":1e+}', '{"a":+1}',
-    '{"a":1,}', '{"a":[1,]}', '{"a":[1}', '{"a":{]}', "{}x", "{} {}", '{"a":"\\x"}',
-    '{"a":"\\u12g4"}', "{'a':1}", '{"a":NaN}', '{"a":Infinity}', '{a:1}', '{"a"::1}', '{"a":1 2}',
-    '\ufeff{}', '\u00a0{}', '{"a":1\u00a0}', '{"a":\u0661}', "{}}", '{"a":nul}', '{"a":[,1]}',
+    '{"a":"\n"}',
+    '{"a":1.}',
+    '{"a":.5}',
+    '{"a":-}',
+    '{"a":1e}',
+    '{"a":1e+}',
+    '{"a":+1}',
+    '{"a":1,}',
+    '{"a":[1,]}',
+    '{"a":[1}',
+    '{"a":{]}',
+    "{}x",
+    "{} {}",
+    '{"a":"\\x"}',
+    '{"a":"\\u12g4"}',
+    "{'a':1}",
+    '{"a":NaN}',
+    '{"a":Infinity}',
+    "{a:1}",
+    '{"a"::1}',
+    '{"a":1 2}',
+    "\ufeff{}",
+    "\u00a0{}",
+    '{"a":1\u00a0}',
+    '{"a":\u0661}',
+    "{}}",
+    '{"a":nul}',
+    '{"a":[,1]}',
 ]
 
 
@@ -223,6 +292,6 @@ def test_empty_feed_is_accepted() -> None:
 def test_whitespace_only_after_complete() -> None:
     jp = JsonPrefix()
     assert jp.feed("{}")
-    for c in ",}]{x0\"":
+    for c in ',}]{x0"':
         assert not jp.can_feed(c)
     assert jp.feed(" \t\r\n") and jp.is_complete

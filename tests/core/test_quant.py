@@ -25,8 +25,10 @@ def test_q8_0_hand_derived_block():
     # amax 1.27 -> d = 0.01; q = roundf(x / d): 127, -63.5 -> -64 (half away from zero), 0.5 -> 1
     assert d.dtype == np.float16 and float(d[0, 0]) == float(np.float16(0.01))
     assert qs[0, :6].tolist() == [127, -64, 1, 0, 0, 1]
-    np.testing.assert_allclose(dequantize_q8_0(qs, d)[0, :2], [127 * float(np.float16(0.01)),
-                                                              -64 * float(np.float16(0.01))])
+    np.testing.assert_allclose(
+        dequantize_q8_0(qs, d)[0, :2],
+        [127 * float(np.float16(0.01)), -64 * float(np.float16(0.01))],
+    )
 
 
 def test_q8_0_zero_block_and_error_bound():

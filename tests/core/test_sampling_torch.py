@@ -1,7 +1,6 @@
 """The numpy sampler against an independent torch implementation of the same pipeline: the
 model the device samplers follow."""
 
-
 import numpy as np
 import pytest
 

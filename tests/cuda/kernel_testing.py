@@ -70,8 +70,7 @@ class Paged:
     """Dense per-sequence K/V (as stored: dequantized for q8) and the same in a shuffled paged
     cache; every cache position outside a context is NaN (the scale, for q8)."""
 
-    def __init__(self, ctx_lens, hkv, d, page, dtype, q8=False, seed=0, device=DEV,
-                 spare_blocks=3):
+    def __init__(self, ctx_lens, hkv, d, page, dtype, q8=False, seed=0, device=DEV, spare_blocks=3):
         g = torch.Generator().manual_seed(seed)
         self.ctx_lens = list(ctx_lens)
         need = [math.ceil(n / page) for n in ctx_lens]
@@ -93,9 +92,9 @@ class Paged:
         self.k, self.v = [], []  # dense float64 [n, hkv, d]
         used = 0
         for b, n in enumerate(ctx_lens):
-            blocks = perm[used:used + need[b]]
+            blocks = perm[used : used + need[b]]
             used += need[b]
-            bt[b, :need[b]] = blocks.to(torch.int32)
+            bt[b, : need[b]] = blocks.to(torch.int32)
             pos = torch.arange(n)
             blk, off = blocks[pos // page], pos % page
             kv = []
@@ -136,9 +135,9 @@ def naive_attention(q, p: Paged, q_lens, scale):
         n = p.ctx_lens[b]
         kv_head = torch.arange(q.shape[1]) // (q.shape[1] // p.k[b].shape[1])
         k, v = p.k[b][:, kv_head], p.v[b][:, kv_head]  # [n, Hq, D]
-        s = torch.einsum("qhd,nhd->hqn", q[t0:t0 + lq], k) * scale
+        s = torch.einsum("qhd,nhd->hqn", q[t0 : t0 + lq], k) * scale
         q_pos = torch.arange(n - lq, n)
         s[:, torch.arange(n)[None, :] > q_pos[:, None]] = float("-inf")
-        out[t0:t0 + lq] = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
+        out[t0 : t0 + lq] = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
         t0 += lq
     return out

@@ -34,9 +34,13 @@ def _add(a, b):
 
 def _buffers(rows, H, dtype):
     z = dict(device=DEV, dtype=torch.int32)
-    return (torch.zeros(rows, H, device=DEV, dtype=dtype), torch.zeros(rows, **z),
-            torch.zeros(rows, H, device=DEV, dtype=dtype), torch.zeros(rows, **z),
-            torch.zeros(rows, **z))
+    return (
+        torch.zeros(rows, H, device=DEV, dtype=dtype),
+        torch.zeros(rows, **z),
+        torch.zeros(rows, H, device=DEV, dtype=dtype),
+        torch.zeros(rows, **z),
+        torch.zeros(rows, **z),
+    )
 
 
 @pytest.mark.parametrize("residual", [True, False], ids=["residual", "first-layer"])
@@ -56,8 +60,9 @@ def test_allreduce_rms_norm_one_side(dtype, residual):
         res = randn(T, H, dtype=dtype, seed=10 * call + 2) if residual else None
         recv[:T] = peer_x
         recv_flags[:T] = call
-        out, new_res = run(allreduce_rms_norm, x, w, eps, res, send, send_flags, recv,
-                           recv_flags, epochs)
+        out, new_res = run(
+            allreduce_rms_norm, x, w, eps, res, send, send_flags, recv, recv_flags, epochs
+        )
         assert torch.equal(send[:T], x) and not send[T:].any()
         assert (send_flags[:T] == call).all() and not send_flags[T:].any()
         assert (epochs[:T] == call).all() and not epochs[T:].any()
@@ -93,8 +98,9 @@ def _rank(rank, port, errors):
         w = torch.randn(H, device=device).to(torch.bfloat16)
         g = torch.Generator(device=device).manual_seed(100 + rank)  # each rank its own partial
         xs = torch.randn(sites, 4, H, device=device, generator=g).to(torch.bfloat16)
-        res = torch.randn(4, H, device=device, generator=torch.Generator(device=device)
-                          .manual_seed(7)).to(torch.bfloat16)  # the same on both ranks
+        res = torch.randn(
+            4, H, device=device, generator=torch.Generator(device=device).manual_seed(7)
+        ).to(torch.bfloat16)  # the same on both ranks
 
         def forward(T):
             tp.begin()

@@ -17,8 +17,14 @@ MIXED = [
     P(temperature=0, max_tokens=12, ignore_eos=True),
     P(temperature=0.8, seed=1, max_tokens=10, ignore_eos=True),
     P(temperature=0.9, top_p=0.9, top_k=20, seed=2, max_tokens=9, ignore_eos=True),
-    P(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.5, seed=3, max_tokens=8,
-      ignore_eos=True),
+    P(
+        temperature=0.7,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        seed=3,
+        max_tokens=8,
+        ignore_eos=True,
+    ),
     P(temperature=1.0, n=2, seed=4, max_tokens=7, ignore_eos=True),
     P(temperature=0, max_tokens=6, logprobs=3, prompt_logprobs=2, ignore_eos=True),
     P(temperature=0.6, min_tokens=3, stop_token_ids=[5, 6, 7], seed=5, max_tokens=11),
@@ -34,13 +40,18 @@ def _prompts(n: int) -> list[list[int]]:
 def _lp(lps):
     """Logprobs to 1e-4: the two loops batch sequences differently, which moves float32 sums
     in the last bits (the tokens themselves must be identical)."""
-    return [None if t is None else (t.token_id, round(t.logprob, 4), [i for i, _ in t.top])
-            for t in lps or []]
+    return [
+        None if t is None else (t.token_id, round(t.logprob, 4), [i for i, _ in t.top])
+        for t in lps or []
+    ]
 
 
 def _summary(outs):
-    return [[(c.token_ids, c.text, c.finish_reason, _lp(c.logprobs)) for c in o.outputs]
-            + [_lp(o.prompt_logprobs)] for o in outs]
+    return [
+        [(c.token_ids, c.text, c.finish_reason, _lp(c.logprobs)) for c in o.outputs]
+        + [_lp(o.prompt_logprobs)]
+        for o in outs
+    ]
 
 
 def _spy(llm):
@@ -56,10 +67,14 @@ def _spy(llm):
     return seen
 
 
-@pytest.mark.parametrize("kw", [
-    dict(max_num_batched_tokens=16),  # chunked prefills beside running decodes
-    dict(num_kv_blocks=12, max_model_len=96, max_num_batched_tokens=64),  # preemption
-], ids=["chunked", "preempting"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(max_num_batched_tokens=16),  # chunked prefills beside running decodes
+        dict(num_kv_blocks=12, max_model_len=96, max_num_batched_tokens=64),  # preemption
+    ],
+    ids=["chunked", "preempting"],
+)
 def test_async_equals_sync(llm_factory, kw):
     prompts = _prompts(len(MIXED))
     common = dict(backend="cuda", dtype="float32", block_size=8, **kw)

@@ -32,8 +32,11 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IDS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # The CPU interpreter rounds float32 -> bfloat16 toward zero (2 ulp rather than 1/2); on a GPU bf16
 # and fp16 also carry the probabilities' rounding into the PV dot.
-TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=3e-3, rtol=3e-3),
-       torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=1e-4),
+    torch.float16: dict(atol=3e-3, rtol=3e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
 
 
 def assert_close(out, expect, dtype):
@@ -51,7 +54,7 @@ def _kv_write_case(dtype, q8, T=37, hkv=3, d=64, page=16, num_blocks=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     # k, v as strided views of one fused buffer, as a qkv projection gives them.
     kv = torch.randn(T, 2 * hkv + 1, d, generator=g).to(dtype)
-    k, v = kv[:, :hkv], kv[:, hkv:2 * hkv]
+    k, v = kv[:, :hkv], kv[:, hkv : 2 * hkv]
     k[0, 0, :32] = torch.tensor([2.5, -3.5] + [0.0] * 29 + [127.0])  # d = 1: exact ties round out
     k[1, 0, :32] = 0.0  # amax 0: d = 0, q = 0
     slots = torch.randperm(num_blocks * page, generator=g)[:T]
@@ -59,8 +62,9 @@ def _kv_write_case(dtype, q8, T=37, hkv=3, d=64, page=16, num_blocks=6, seed=0):
     shape = (num_blocks, page, hkv, d)
     if q8:
         caches = [torch.full(shape, 7, dtype=torch.int8) for _ in range(2)]
-        scales = [torch.full((*shape[:3], d // 32), float("nan"), dtype=torch.float16)
-                  for _ in range(2)]
+        scales = [
+            torch.full((*shape[:3], d // 32), float("nan"), dtype=torch.float16) for _ in range(2)
+        ]
     else:
         caches = [torch.full(shape, float("nan"), dtype=dtype) for _ in range(2)]
         scales = [None, None]
@@ -115,8 +119,9 @@ def _decode(dtype, G, q8, hkv=2, d=64, page=16, ctx=DECODE_CTX, seed=0):
     g = torch.Generator().manual_seed(seed + 1)
     q = (torch.randn(len(ctx), G * hkv, d, generator=g) * 2).to(dtype).to(DEV)
     scale = 1 / math.sqrt(d)
-    ref = dec.paged_decode_attention_ref(q, *p.cache_args(), p.block_tables, p.context_lens,
-                                         scale, *p.scales())
+    ref = dec.paged_decode_attention_ref(
+        q, *p.cache_args(), p.block_tables, p.context_lens, scale, *p.scales()
+    )
     # The reference against float64 (its only error is the output's rounding).
     expect = naive_attention(q, p, [1] * len(ctx), scale)
     nz = [i for i, n in enumerate(ctx) if n]
@@ -139,8 +144,14 @@ def test_paged_decode_attention(dtype, G, short_splits):
     for num_splits in (None, 3):  # the default (one split at these lengths) and flash-decoding
         with poisoned_empty():
             out = dec._paged_decode_attention_op(
-                q, *p.cache_args(), p.block_tables, p.context_lens, scale,
-                max_context_len=max(p.ctx_lens), num_splits=num_splits)
+                q,
+                *p.cache_args(),
+                p.block_tables,
+                p.context_lens,
+                scale,
+                max_context_len=max(p.ctx_lens),
+                num_splits=num_splits,
+            )
         assert_close(out, ref, dtype)
 
 
@@ -151,8 +162,14 @@ def test_paged_decode_attention_q8(dtype, G, short_splits):
     for num_splits in (1, 4):
         with poisoned_empty():
             out = dec._paged_decode_attention_op(
-                q, *p.cache_args(), p.block_tables, p.context_lens, scale, *p.scales(),
-                num_splits=num_splits)
+                q,
+                *p.cache_args(),
+                p.block_tables,
+                p.context_lens,
+                scale,
+                *p.scales(),
+                num_splits=num_splits,
+            )
         assert_close(out, ref, dtype)
 
 
@@ -164,14 +181,22 @@ def test_decode_splits_are_host_ints_and_long_contexts_split():
     # A split count larger than the context allows collapses to what covers it.
     p, q, scale, ref = _decode(torch.float32, 2, q8=False, ctx=[65, 3], d=32, page=32)
     with poisoned_empty():
-        out = dec._paged_decode_attention_op(q, *p.cache_args(), p.block_tables, p.context_lens,
-                                             scale, max_context_len=65, num_splits=64)
+        out = dec._paged_decode_attention_op(
+            q,
+            *p.cache_args(),
+            p.block_tables,
+            p.context_lens,
+            scale,
+            max_context_len=65,
+            num_splits=64,
+        )
     assert_close(out, ref, torch.float32)
 
 
 def test_decode_through_dispatch_and_head_dim_128():
-    p, q, scale, ref = _decode(torch.float16, 4, q8=False, hkv=1, d=128, page=32,
-                               ctx=[33, 97], seed=3)
+    p, q, scale, ref = _decode(
+        torch.float16, 4, q8=False, hkv=1, d=128, page=32, ctx=[33, 97], seed=3
+    )
     out = dec.paged_decode_attention(q, *p.cache_args(), p.block_tables, p.context_lens, scale)
     assert_close(out, ref, torch.float16)
 
@@ -182,9 +207,17 @@ def _fused_case(dtype, G, q8, ctx=(300, 1, 0, 64, 129, 257), seed=0):
 
 def _decode_op(p, q, scale, num_splits, **kw):
     with poisoned_empty():  # out, mid_o and mid_lse are born NaN on every call
-        return dec._paged_decode_attention_op(q, *p.cache_args(), p.block_tables, p.context_lens,
-                                              scale, *p.scales(), max_context_len=4096,
-                                              num_splits=num_splits, **kw)
+        return dec._paged_decode_attention_op(
+            q,
+            *p.cache_args(),
+            p.block_tables,
+            p.context_lens,
+            scale,
+            *p.scales(),
+            max_context_len=4096,
+            num_splits=num_splits,
+            **kw,
+        )
 
 
 def _counters_zeroed():
@@ -193,11 +226,11 @@ def _counters_zeroed():
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["plain", "q8"])
-@pytest.mark.parametrize("dtype, merge_chunk", [(torch.float32, 1), (torch.bfloat16, None)],
-                         ids=["f32-chunk1", "bf16"])
+@pytest.mark.parametrize(
+    "dtype, merge_chunk", [(torch.float32, 1), (torch.bfloat16, None)], ids=["f32-chunk1", "bf16"]
+)
 @pytest.mark.parametrize("G", [2, 3, 4, 8])
-def test_decode_fused_merge_repeated_calls(dtype, merge_chunk, G, q8, short_splits,
-                                           monkeypatch):
+def test_decode_fused_merge_repeated_calls(dtype, merge_chunk, G, q8, short_splits, monkeypatch):
     # A batch of ragged contexts over 7 splits of one tile: contexts 0 and 1 leave 6 or 7 splits
     # empty, 300 fills 5 of them. Two calls into the same counters: the second would leave `out`
     # NaN (no program would count to the last) if the first had not re-armed them.
@@ -214,8 +247,9 @@ def test_decode_fused_merge_repeated_calls(dtype, merge_chunk, G, q8, short_spli
     # As a CUDA-graph replay would: same split count, new contexts (all shorter, one now empty).
     p.context_lens.copy_(torch.tensor([257, 0, 0, 63, 64, 130], dtype=torch.int32))
     p.ctx_lens = p.context_lens.tolist()
-    ref = dec.paged_decode_attention_ref(q, *p.cache_args(), p.block_tables, p.context_lens,
-                                         scale, *p.scales())
+    ref = dec.paged_decode_attention_ref(
+        q, *p.cache_args(), p.block_tables, p.context_lens, scale, *p.scales()
+    )
     assert_close(_decode_op(p, q, scale, 7), ref, dtype)
     assert _counters_zeroed()
 
@@ -291,9 +325,16 @@ def test_paged_prefill_attention_q8(dtype, G):
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("dtype, G, q8", [(torch.float32, 1, False), (torch.float16, 5, True),
-                                          (torch.bfloat16, 4, False), (torch.bfloat16, 8, True)],
-                         ids=["f32-1", "f16-5-q8", "bf16-4", "bf16-8-q8"])
+@pytest.mark.parametrize(
+    "dtype, G, q8",
+    [
+        (torch.float32, 1, False),
+        (torch.float16, 5, True),
+        (torch.bfloat16, 4, False),
+        (torch.bfloat16, 8, True),
+    ],
+    ids=["f32-1", "f16-5-q8", "bf16-4", "bf16-8-q8"],
+)
 def test_paged_prefill_attention_split_kv(dtype, G, q8):
     # Short queries (verification) over longer contexts, the KV range split and merged; some
     # splits lie wholly above some rows' positions, or past a short context.
@@ -309,8 +350,16 @@ def test_paged_prefill_attention_split_kv(dtype, G, q8):
 def test_prefill_block_boundaries_single_sequence(q_len):
     # Fresh prompt and the same tokens after a 31-token cached prefix, head_dim 128, pages of 32.
     for prefix in (0, 31):
-        p, args, ref = _prefill(torch.float32, 4, q8=False, seqs=[(q_len, prefix)], hkv=1,
-                                d=128, page=32, seed=q_len + prefix)
+        p, args, ref = _prefill(
+            torch.float32,
+            4,
+            q8=False,
+            seqs=[(q_len, prefix)],
+            hkv=1,
+            d=128,
+            page=32,
+            seed=q_len + prefix,
+        )
         with poisoned_empty():
             out = pre._paged_prefill_attention_op(*args)
         assert_close(out, ref, torch.float32)

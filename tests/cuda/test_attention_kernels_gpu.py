@@ -40,7 +40,7 @@ def _gpu_paged(ctx_lens, hkv, dtype=torch.bfloat16, q8=False, seed=0):
     bt = torch.full((len(ctx_lens), max(need)), int(perm[-1]), dtype=torch.int32, device="cuda")
     used = 0
     for b, n in enumerate(need):
-        bt[b, :n] = perm[used:used + n]
+        bt[b, :n] = perm[used : used + n]
         used += n
     lens = torch.tensor(ctx_lens, dtype=torch.int32, device="cuda")
     return kc, vc, ks, vs, bt, lens
@@ -50,16 +50,30 @@ def _gpu_paged(ctx_lens, hkv, dtype=torch.bfloat16, q8=False, seed=0):
 @pytest.mark.parametrize("hq", [16, 32, 40, 64])
 @pytest.mark.parametrize("case", ["b1-16k", "b64-2k", "b256-1k", "ragged"])
 def test_gpu_decode_qwen3_shapes(case, hq):
-    ctx = {"b1-16k": [16384], "b64-2k": [2048] * 64, "b256-1k": [1000] * 256,
-           "ragged": [1, 31, 32, 33, 4095, 9000, 0, 513]}[case]
+    ctx = {
+        "b1-16k": [16384],
+        "b64-2k": [2048] * 64,
+        "b256-1k": [1000] * 256,
+        "ragged": [1, 31, 32, 33, 4095, 9000, 0, 513],
+    }[case]
     for q8 in (False, True):
         kc, vc, ks, vs, bt, lens = _gpu_paged(ctx, 8, q8=q8, seed=hq)
         q = torch.randn(len(ctx), hq, 128, device="cuda", dtype=torch.bfloat16)
         ref = dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 128**-0.5, ks, vs)
         for fused in (True, False):
             with poisoned_empty():
-                out = dec._paged_decode_attention_op(q, kc, vc, bt, lens, 128**-0.5, ks, vs,
-                                                     max_context_len=max(ctx), fused_merge=fused)
+                out = dec._paged_decode_attention_op(
+                    q,
+                    kc,
+                    vc,
+                    bt,
+                    lens,
+                    128**-0.5,
+                    ks,
+                    vs,
+                    max_context_len=max(ctx),
+                    fused_merge=fused,
+                )
             assert_close(out, ref, torch.bfloat16)
 
 
@@ -105,8 +119,9 @@ def test_gpu_decode_fused_merge_deterministic(ctx):
         graph.replay()
         outs.append(out.clone())
     assert all(torch.equal(o, outs[0]) for o in outs)
-    assert_close(outs[0], dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 0.088),
-                 torch.bfloat16)
+    assert_close(
+        outs[0], dec.paged_decode_attention_ref(q, kc, vc, bt, lens, 0.088), torch.bfloat16
+    )
     torch.testing.assert_close(outs[0], unfused, atol=1e-2, rtol=1e-2)
     assert all(not c.any() for c in sm._COUNTERS.get(q.device, []))
 
@@ -153,18 +168,24 @@ def test_gpu_decode_sees_the_token_stored_just_before(graph):
         torch.cuda.synchronize()
         q = qk_norm_rope_kv_write(qkv, qn, kn, pos, cos_sin, hq, hkv, d, 1e-6, slots, kc, vc)
         assert not out.isnan().any()
-        assert_close(out, dec.paged_decode_attention_ref(q, kc, vc, bt, lens, d**-0.5),
-                     torch.bfloat16)
+        assert_close(
+            out, dec.paged_decode_attention_ref(q, kc, vc, bt, lens, d**-0.5), torch.bfloat16
+        )
 
 
 @gpu
 @pytest.mark.parametrize("hq", [16, 32, 40, 64])
-@pytest.mark.parametrize("case", ["1x4k", "chunk-1k-after-7k", "mixed", "verify-q4",
-                                  "verify-b1-16k"])
+@pytest.mark.parametrize(
+    "case", ["1x4k", "chunk-1k-after-7k", "mixed", "verify-q4", "verify-b1-16k"]
+)
 def test_gpu_prefill_qwen3_shapes(case, hq):
-    seqs = {"1x4k": [(4096, 0)], "chunk-1k-after-7k": [(1024, 7000)],
-            "mixed": [(513, 0), (1, 2000), (64, 64), (777, 31)],
-            "verify-q4": [(4, 1000)] * 32, "verify-b1-16k": [(5, 16379)]}[case]
+    seqs = {
+        "1x4k": [(4096, 0)],
+        "chunk-1k-after-7k": [(1024, 7000)],
+        "mixed": [(513, 0), (1, 2000), (64, 64), (777, 31)],
+        "verify-q4": [(4, 1000)] * 32,
+        "verify-b1-16k": [(5, 16379)],
+    }[case]
     q_lens = [lq for lq, _ in seqs]
     ctx = [lq + p for lq, p in seqs]
     for q8 in (False, True):

@@ -29,8 +29,9 @@ def test_interpreted_kernels_in_the_full_model(tiny_path, monkeypatch):
         pytest.skip("TRITON_INTERPRET must be set before the kernels are imported")
     monkeypatch.setenv("KIPP_CUDA_INTERPRET", "1")
     monkeypatch.setenv("KIPP_CUDA_REQUIRE_KERNELS", "1")  # any fallback fails the test
-    llm = LLM(str(tiny_path), backend="cuda", dtype="float32", block_size=8,
-              max_num_batched_tokens=16)  # chunked: the prefill kernel reads a cached prefix
+    llm = LLM(
+        str(tiny_path), backend="cuda", dtype="float32", block_size=8, max_num_batched_tokens=16
+    )  # chunked: the prefill kernel reads a cached prefix
     ref = LLM(str(tiny_path))
     assert rel_err(llm.logits(PROMPT), ref.logits(PROMPT)) <= 1e-5
     got = llm.generate([PROMPT], GREEDY)[0].token_ids
@@ -74,15 +75,18 @@ def test_kv_cache_q8_0_is_smaller(tiny_path):
     from kipp_cuda.kv_cache import bytes_per_block
 
     cfg = Checkpoint(tiny_path).config
-    ratio = bytes_per_block(cfg, 32, torch.bfloat16, None) / bytes_per_block(cfg, 32,
-                                                                             torch.bfloat16,
-                                                                             "q8_0")
+    ratio = bytes_per_block(cfg, 32, torch.bfloat16, None) / bytes_per_block(
+        cfg, 32, torch.bfloat16, "q8_0"
+    )
     assert 1.85 < ratio < 1.9
 
 
 def test_kv_budget_too_small_names_sizes(tiny_path):
-    with pytest.raises(ValueError, match=r"holds 32 tokens, less than one full-context request "
-                                         r"of 4096 tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds 32 tokens, less than one full-context request "
+        r"of 4096 tokens",
+    ):
         LLM(str(tiny_path), backend="cuda", num_kv_blocks=1)
     with pytest.raises(ValueError, match="kv_cache_memory must be like"):
         LLM(str(tiny_path), backend="cuda", kv_cache_memory="lots")
@@ -96,7 +100,8 @@ def test_tensor_parallel_gloo_equals_single(tiny_path):
         assert rel_err(two.logits(PROMPT), one.logits(PROMPT)) <= 1e-5
         ps = [PROMPT, list(range(7, 40))]
         assert [o.token_ids for o in two.generate(ps, GREEDY)] == [
-            o.token_ids for o in one.generate(ps, GREEDY)]
+            o.token_ids for o in one.generate(ps, GREEDY)
+        ]
     finally:
         two.backend.close()
 
@@ -129,8 +134,13 @@ def test_a_dead_worker_ends_the_process_with_a_clear_message(tiny_path):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-c", DIES, str(tiny_path)], capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    p = subprocess.run(
+        [sys.executable, "-c", DIES, str(tiny_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert p.returncode != 0 and "not reached" not in p.stdout
     assert "tensor-parallel worker" in p.stderr and "died" in p.stderr
     pids = [int(x) for x in p.stdout.split("pids", 1)[1].split()]
@@ -212,8 +222,11 @@ def test_graph_staging_and_padding_equal_eager_on_cpu(tiny_path, monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the real graphs run (test_gpu_graph_paths_equal_eager)")
-    monkeypatch.setattr(ModelRunner, "_capture",
-                        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()))
+    monkeypatch.setattr(
+        ModelRunner,
+        "_capture",
+        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()),
+    )
     staged = LLM(str(tiny_path), backend="cuda", dtype="float32", max_num_seqs=5)
     runner = staged.backend.runner
     runner.capture()
@@ -236,8 +249,11 @@ def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monke
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the real graphs run (test_gpu_graph_paths_equal_eager)")
-    monkeypatch.setattr(ModelRunner, "_capture",
-                        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()))
+    monkeypatch.setattr(
+        ModelRunner,
+        "_capture",
+        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()),
+    )
     kw = dict(backend="cuda", dtype="float32", max_num_seqs=4)
     staged = LLM(str(tiny_path), **kw, speculative="ngram", num_speculative_tokens=3)
     staged.backend.runner.capture()
@@ -251,5 +267,6 @@ def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monke
     x, y = staged.generate([prompt], p)[0], eager.generate([prompt], p)[0]
     assert x.token_ids == y.token_ids
     xl, yl = x.outputs[0].logprobs, y.outputs[0].logprobs
-    assert len(xl) == 12 and np.allclose([t.logprob for t in xl], [t.logprob for t in yl],
-                       atol=1e-5)
+    assert len(xl) == 12 and np.allclose(
+        [t.logprob for t in xl], [t.logprob for t in yl], atol=1e-5
+    )

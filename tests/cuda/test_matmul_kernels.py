@@ -32,8 +32,11 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (Qwen3 shapes
 def q8_weights(N, K, seed):
     w = np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32)
     qs, d = quantize_q8_0(w)
-    return (torch.from_numpy(qs).to(DEV), torch.from_numpy(d).to(DEV),
-            torch.from_numpy(dequantize_q8_0(qs, d).astype(np.float64)))
+    return (
+        torch.from_numpy(qs).to(DEV),
+        torch.from_numpy(d).to(DEV),
+        torch.from_numpy(dequantize_q8_0(qs, d).astype(np.float64)),
+    )
 
 
 # T = 1 takes the GEMV (uneven group blocks; split-K where N is small), T in 2..16 the 16-row
@@ -92,9 +95,15 @@ def affine_weights(N, K, bits, gs, seed, sdtype):
     return wq.to(DEV), s_t.to(DEV), b_t.to(DEV), torch.from_numpy(w64.astype(np.float64))
 
 
-AFFINE_CASES = [(1, 4, 32, 781, 1856), (1, 8, 32, 5, 4096), (1, 4, 128, 37, 1024),
-                (5, 8, 64, 45, 512), (16, 4, 32, 40, 2048), (37, 4, 32, 130, 352),
-                (20, 8, 128, 70, 512)]
+AFFINE_CASES = [
+    (1, 4, 32, 781, 1856),
+    (1, 8, 32, 5, 4096),
+    (1, 4, 128, 37, 1024),
+    (5, 8, 64, 45, 512),
+    (16, 4, 32, 40, 2048),
+    (37, 4, 32, 130, 352),
+    (20, 8, 128, 70, 512),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -140,22 +149,29 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj):
     affine = {}
     for bits in (4, 8):
         packed, s, b = quantize_affine(w, bits, 32)
-        affine[bits] = (torch.from_numpy(packed.view(np.int32)).to(DEV),
-                        torch.from_numpy(s).to(DEV, torch.bfloat16),
-                        torch.from_numpy(b).to(DEV, torch.bfloat16), bits, 32)
+        affine[bits] = (
+            torch.from_numpy(packed.view(np.int32)).to(DEV),
+            torch.from_numpy(s).to(DEV, torch.bfloat16),
+            torch.from_numpy(b).to(DEV, torch.bfloat16),
+            bits,
+            32,
+        )
     for T in (1, 2, 16, 17, 256, 2048):  # GEMV, 16-row split-K dots, prefill tiles
         x = randn(T, K, dtype=torch.bfloat16, seed=T)
         close(run(qm.q8_0_matmul, x, qs, d), qm.q8_0_matmul_ref(x, qs, d), torch.bfloat16)
         for args in affine.values():
-            close(run(am.affine_matmul, x, *args), am.affine_matmul_ref(x, *args),
-                  torch.bfloat16)
+            close(run(am.affine_matmul, x, *args), am.affine_matmul_ref(x, *args), torch.bfloat16)
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False),
-    dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False),
-    dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
-], ids=["one-tile", "one-tile-split3", "prefetch-split2"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False),
+        dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False),
+        dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
+    ],
+    ids=["one-tile", "one-tile-split3", "prefetch-split2"],
+)
 def test_quantized_gemv_launch_options(cfg):
     """The tuned table's launch options (PREFETCH off: one tile in flight a program) on masked
     rows, a K split that leaves a short last split, and groups that do not fill a K step."""
@@ -165,8 +181,11 @@ def test_quantized_gemv_launch_options(cfg):
     close(run(qm.q8_0_gemv, x, qs, d, cfg), x.double().cpu() @ w64.T, torch.bfloat16)
     for bits in (4, 8):
         wq, s, b, w64 = affine_weights(N, K, bits, 32, seed=14, sdtype=torch.bfloat16)
-        close(run(am.affine_gemv, x, wq, s, b, bits, 32, cfg), x.double().cpu() @ w64.T,
-              torch.bfloat16)
+        close(
+            run(am.affine_gemv, x, wq, s, b, bits, 32, cfg),
+            x.double().cpu() @ w64.T,
+            torch.bfloat16,
+        )
 
 
 def test_quantized_gemv_takes_unaligned_views():
@@ -184,8 +203,11 @@ def test_quantized_gemv_takes_unaligned_views():
     wq, s, b, _ = affine_weights(N, K, 4, 32, seed=11, sdtype=torch.bfloat16)
     wq_view = torch.zeros(N * K // 8 + 1, dtype=torch.int32, device=DEV)[1:].view(N, K // 8)
     wq_view.copy_(wq)
-    close(run(am.affine_gemv, x, wq_view, s, b, 4, 32), am.affine_matmul_ref(x, wq, s, b, 4, 32),
-          torch.bfloat16)
+    close(
+        run(am.affine_gemv, x, wq_view, s, b, 4, 32),
+        am.affine_matmul_ref(x, wq, s, b, 4, 32),
+        torch.bfloat16,
+    )
 
 
 def same_sums(a, b):
@@ -199,8 +221,9 @@ def f32(N):
 
 
 @gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
-                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
+)
 def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
     """bits.py's inline PTX (16-byte vector loads; shift + LOP3 into the float bits) against its
     plain path (tl.load, integer ops) in the same kernels on the GPU: the same exact fp32
@@ -218,11 +241,14 @@ def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
         close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
         for bits, gs in ((4, 32), (8, 32), (4, 128)):
             packed, s, b = quantize_affine(w, bits, gs)
-            args = (torch.from_numpy(packed.view(np.int32)).to(DEV),
-                    torch.from_numpy(s).to(DEV, torch.bfloat16),
-                    torch.from_numpy(b).to(DEV, torch.bfloat16), bits, gs)
-            fast, plain = (am.affine_gemv(x, *args, cfg, out=f32(N), asm=a)
-                           for a in (True, False))
+            args = (
+                torch.from_numpy(packed.view(np.int32)).to(DEV),
+                torch.from_numpy(s).to(DEV, torch.bfloat16),
+                torch.from_numpy(b).to(DEV, torch.bfloat16),
+                bits,
+                gs,
+            )
+            fast, plain = (am.affine_gemv(x, *args, cfg, out=f32(N), asm=a) for a in (True, False))
             same_sums(fast, plain)
             close(fast, am.affine_matmul_ref(x, *args), dtype)
 
@@ -241,8 +267,14 @@ def test_dense_gemv(N, K, dtype):
     assert torch.allclose(got, ref, rtol=tol, atol=tol * K**0.5)
 
 
-@pytest.mark.parametrize("config", [None, dict(BLOCK_N=4, BLOCK_K=32, SPLIT_K=3, num_warps=4),
-                                    dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=2)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        dict(BLOCK_N=4, BLOCK_K=32, SPLIT_K=3, num_warps=4),
+        dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=2),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_gemv_split_k_and_fused_swiglu(config, dtype):
     """Split-K partials summed in a fixed order, and act=True: silu(gate) * up rounded to the

@@ -37,14 +37,15 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (Qwen3 shapes
 
 
 def test_public_ops_are_dispatched_with_raw_ops_importable():
-    for public, raw, ref in [(rn.rms_norm, rn._rms_norm_op, rn.rms_norm_ref),
-                             (qr.qk_norm_rope, qr._qk_norm_rope_op, qr.qk_norm_rope_ref),
-                             (qr.qk_norm_rope_kv_write, qr._qk_norm_rope_kv_write_op,
-                              qr.qk_norm_rope_kv_write_ref),
-                             (sw.silu_and_mul, sw._silu_and_mul_op, sw.silu_and_mul_ref),
-                             (qm.q8_0_matmul, qm._q8_0_matmul_op, qm.q8_0_matmul_ref),
-                             (am.affine_matmul, am._affine_matmul_op, am.affine_matmul_ref),
-                             (nz.uniform_rows, nz._uniform_rows_op, nz.uniform_rows_ref)]:
+    for public, raw, ref in [
+        (rn.rms_norm, rn._rms_norm_op, rn.rms_norm_ref),
+        (qr.qk_norm_rope, qr._qk_norm_rope_op, qr.qk_norm_rope_ref),
+        (qr.qk_norm_rope_kv_write, qr._qk_norm_rope_kv_write_op, qr.qk_norm_rope_kv_write_ref),
+        (sw.silu_and_mul, sw._silu_and_mul_op, sw.silu_and_mul_ref),
+        (qm.q8_0_matmul, qm._q8_0_matmul_op, qm.q8_0_matmul_ref),
+        (am.affine_matmul, am._affine_matmul_op, am.affine_matmul_ref),
+        (nz.uniform_rows, nz._uniform_rows_op, nz.uniform_rows_ref),
+    ]:
         assert public.op is raw and public.ref is ref
 
 
@@ -107,14 +108,16 @@ def test_rope_cache_matches_the_oracle():
 def qk_norm_rope_f64(qkv, qw, kw, pos, hq, hkv, d, eps, theta):
     """Independent: float64 per-head RMSNorm and half-split RoPE, with the oracle's float32 cos
     and sin (the angles themselves are float32 by definition, as in transformers)."""
-    cos, sin = (torch.from_numpy(a.astype(np.float64))
-                for a in rope_cos_sin(pos.cpu().numpy(), d, theta, np.float32))
+    cos, sin = (
+        torch.from_numpy(a.astype(np.float64))
+        for a in rope_cos_sin(pos.cpu().numpy(), d, theta, np.float32)
+    )
     x = qkv.double().cpu()
     outs = []
     for lo, n, w in ((0, hq, qw), (hq, hkv, kw)):
-        h = x[:, lo * d:(lo + n) * d].reshape(-1, n, d)
+        h = x[:, lo * d : (lo + n) * d].reshape(-1, n, d)
         h = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) * w.double().cpu()
-        rot = torch.cat([-h[..., d // 2:], h[..., :d // 2]], dim=-1)
+        rot = torch.cat([-h[..., d // 2 :], h[..., : d // 2]], dim=-1)
         outs.append(h * cos[:, None] + rot * sin[:, None])
     return outs
 
@@ -180,7 +183,7 @@ def test_qk_norm_rope_kv_write_equals_the_two_ops(dtype, T, hq, hkv, d, page):
     # The reference is the two ops it fuses.
     k_ref, v_ref = k0.clone(), v0.clone()
     q2, k2 = qr.qk_norm_rope_ref(*args[:9])
-    v2 = qkv[:, (hq + hkv) * d:].reshape(T, hkv, d)
+    v2 = qkv[:, (hq + hkv) * d :].reshape(T, hkv, d)
     kvw.kv_write_ref(k2, v2, k_ref, v_ref, slots)
     assert torch.equal(rq, q2) and torch.equal(caches[2], k_ref) and torch.equal(caches[3], v_ref)
 
@@ -248,8 +251,16 @@ class _FakeModule:
         self.fn = fn
 
     def bench_specs(self):
-        return [{"name": "fake_op", "shape": "n=1", "fn": self.fn, "ref": lambda: None,
-                 "bytes": 4e9, "flops": 2e12}]
+        return [
+            {
+                "name": "fake_op",
+                "shape": "n=1",
+                "fn": self.fn,
+                "ref": lambda: None,
+                "bytes": 4e9,
+                "flops": 2e12,
+            }
+        ]
 
 
 def test_bench_rows_report_and_refuse(monkeypatch):
@@ -263,8 +274,11 @@ def test_bench_rows_report_and_refuse(monkeypatch):
     assert row["gb_s"] == pytest.approx(2000) and row["bw_frac"] == pytest.approx(0.5)
     assert row["tflop_s"] == pytest.approx(1000) and "refused" not in row
     assert "| fake_op | n=1 | 2.0000 |" in bench.markdown([row])
-    (row,) = bench.bench_rows([_FakeModule(lambda: report_fallback("cuda", "fake_op", "test"))],
-                              ceil, timer=lambda fn: fn() or 1.0)
+    (row,) = bench.bench_rows(
+        [_FakeModule(lambda: report_fallback("cuda", "fake_op", "test"))],
+        ceil,
+        timer=lambda fn: fn() or 1.0,
+    )
     assert "fell back" in row["refused"] and "ms" not in row
     clear_fallbacks()
     monkeypatch.setenv("KIPP_CUDA_DISABLE_KERNELS", "fake_op")
@@ -275,11 +289,22 @@ def test_bench_rows_report_and_refuse(monkeypatch):
 
 def test_bench_specs_are_collected_from_every_kernel_module():
     names = {m.__name__.rsplit(".", 1)[1] for m in bench.spec_modules()}
-    assert {"rms_norm", "qk_norm_rope", "swiglu", "noise", "q8_0_matmul", "affine_matmul",
-            "top_p"} <= names
+    assert {
+        "rms_norm",
+        "qk_norm_rope",
+        "swiglu",
+        "noise",
+        "q8_0_matmul",
+        "affine_matmul",
+        "top_p",
+    } <= names
     shapes = bench.linear_shapes()
-    assert shapes["8B"] == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
-                            "down": (4096, 12288)}
+    assert shapes["8B"] == {
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (24576, 4096),
+        "down": (4096, 12288),
+    }
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU refusal")
@@ -326,5 +351,3 @@ def test_gpu_bench_runs_and_reports():
     rows = bench.run_kernel_bench("cuda", only="uniform_rows")
     assert rows and all("refused" not in r and r["gb_s"] > 0 for r in rows)
     assert 0 < rows[0]["ceiling_gb_s"] and 0 < rows[0]["ceiling_tflop_s"]
-
-

@@ -55,8 +55,9 @@ def random_params(rng, v: int) -> dict:
         repetition_penalty=maybe(0.4, float(rng.uniform(0.5, 2.0))),
         presence_penalty=maybe(0.4, float(rng.uniform(-2, 2))),
         frequency_penalty=maybe(0.4, float(rng.uniform(-2, 2))),
-        logit_bias=maybe(0.3, {int(t): float(rng.uniform(-100, 100))
-                               for t in rng.integers(0, v + 10, size=4)}),
+        logit_bias=maybe(
+            0.3, {int(t): float(rng.uniform(-100, 100)) for t in rng.integers(0, v + 10, size=4)}
+        ),
         min_tokens=int(rng.integers(0, 4)),
         logprobs=maybe(0.3, int(rng.integers(0, 6))),
     )
@@ -99,8 +100,9 @@ def test_random_batches_match_the_reference_token_for_token():
     for _ in range(24):
         v = int(rng.integers(8, 400))
         B = int(rng.integers(1, 7))
-        check_batch(random_logits(rng, B, v), [state(v, rng, **random_params(rng, v))
-                                               for _ in range(B)])
+        check_batch(
+            random_logits(rng, B, v), [state(v, rng, **random_params(rng, v)) for _ in range(B)]
+        )
 
 
 def test_larger_vocabularies_with_filters():
@@ -109,9 +111,11 @@ def test_larger_vocabularies_with_filters():
     rng = np.random.default_rng(7)
     for v, scale in ((2000, 0.3), (1000, 1.0), (1500, 4.0)):
         logits = (rng.normal(size=(3, v)) * scale).astype(f32)
-        states = [state(v, rng, temperature=0.8, top_p=0.9),
-                  state(v, rng, temperature=1.3, top_p=0.5, top_k=v // 3, min_p=0.01),
-                  state(v, rng, temperature=0.5, top_p=0.97, repetition_penalty=1.2)]
+        states = [
+            state(v, rng, temperature=0.8, top_p=0.9),
+            state(v, rng, temperature=1.3, top_p=0.5, top_k=v // 3, min_p=0.01),
+            state(v, rng, temperature=0.5, top_p=0.97, repetition_penalty=1.2),
+        ]
         check_batch(logits, states)
 
 
@@ -162,8 +166,10 @@ def test_a_seeded_row_draws_the_same_token_in_any_batch():
     v = 300
     logits = random_logits(rng, 4, v)
     states = [state(v, rng, temperature=1.0, top_p=0.8) for _ in range(4)]
-    alone = [ds.sample_rows(torch.from_numpy(logits[i:i + 1]).to(DEV), [st])[0][0]
-             for i, st in enumerate(states)]
+    alone = [
+        ds.sample_rows(torch.from_numpy(logits[i : i + 1]).to(DEV), [st])[0][0]
+        for i, st in enumerate(states)
+    ]
     assert ds.sample_rows(torch.from_numpy(logits).to(DEV), states)[0] == alone
     # Each step draws fresh noise: the same logits at the next step usually sample differently.
     for st in states:
@@ -178,8 +184,11 @@ def test_everything_masked_or_infinite_rows():
     logits[1, 5] = np.inf
     st0 = state(v, rng, temperature=0.9, top_p=0.5, top_k=3, min_p=0.2)
     st0.params = st0.params.replace(logit_bias={i: -100.0 for i in range(v)})
-    states = [st0, state(v, rng, temperature=0.9, top_p=0.5, min_p=0.1),
-              state(v, rng, temperature=0.9, top_p=0.3)]
+    states = [
+        st0,
+        state(v, rng, temperature=0.9, top_p=0.5, min_p=0.1),
+        state(v, rng, temperature=0.9, top_p=0.3),
+    ]
     check_batch(logits, states)
 
 
@@ -187,8 +196,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="one row per state"):
         ds.sample_rows(torch.zeros(2, 5, device=DEV), [SamplerState(SamplingParams(), seed=0)])
     with pytest.raises(ValueError, match="num_logprobs"):
-        ds.sample_rows(torch.zeros(1, 5, device=DEV), [SamplerState(SamplingParams(), seed=0)],
-                       [1, 2])
+        ds.sample_rows(
+            torch.zeros(1, 5, device=DEV), [SamplerState(SamplingParams(), seed=0)], [1, 2]
+        )
 
 
 # -- logprobs -----------------------------------------------------------------------------------
@@ -230,8 +240,15 @@ def test_top_p_kernel_replays_the_sequential_float32_cumsum(monkeypatch):
     monkeypatch.setattr(tp, "BLOCK", 128)  # several blocks a row at small sizes
     rng = np.random.default_rng(9)
     rows, ps = [], []
-    for L, scale, step in [(1, 1, 0), (2, 1, 0), (700, 0.05, 0), (900, 0.5, 0.125), (600, 3, 0),
-                           (800, 0.2, 0.5), (1000, 8, 0)]:
+    for L, scale, step in [
+        (1, 1, 0),
+        (2, 1, 0),
+        (700, 0.05, 0),
+        (900, 0.5, 0.125),
+        (600, 3, 0),
+        (800, 0.2, 0.5),
+        (1000, 8, 0),
+    ]:
         x = rng.normal(size=L) * scale
         if step:
             x = np.round(x / step) * step  # repeated values: rounding ties inside the sum

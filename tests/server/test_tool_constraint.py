@@ -67,7 +67,8 @@ def test_each_step_allows_exactly_the_consistent_tokens(table, tok):
     out = tok.encode('{"name": "get_')
     m = c.allowed(0, out, [IM_END_ID])
     so_far = '{"name": "get_'
-    want = np.array([bool(t) and any(o.startswith(so_far + t) for o in c.openings)
-                     for t in table.texts])
+    want = np.array(
+        [bool(t) and any(o.startswith(so_far + t) for o in c.openings) for t in table.texts]
+    )
     np.testing.assert_array_equal(m, want)
     assert m[tok.encode("time")].all() and not m[tok.encode("date")].any()

@@ -35,14 +35,18 @@ WEATHER_CALL = ToolCall("get_weather", '{"city": "Paris"}')
 
 # ---- whole outputs --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("text", "content", "calls"),
     [
         (block(WEATHER), None, [WEATHER_CALL]),
         ("\n\n" + block(WEATHER) + "\n", None, [WEATHER_CALL]),
         ("I'll check.\n\n" + block(WEATHER), "I'll check.", [WEATHER_CALL]),
-        (block(WEATHER) + "\n" + block({"name": "f", "arguments": {}}), None,
-         [WEATHER_CALL, ToolCall("f", "{}")]),
+        (
+            block(WEATHER) + "\n" + block({"name": "f", "arguments": {}}),
+            None,
+            [WEATHER_CALL, ToolCall("f", "{}")],
+        ),
         (block(WEATHER) + "\n\nDone. ", "Done.", [WEATHER_CALL]),
         ("A " + block(WEATHER) + " B", "A  B", [WEATHER_CALL]),  # inner whitespace is kept
         # Leading whitespace of text before the first call has been streamed already: kept.
@@ -56,8 +60,11 @@ WEATHER_CALL = ToolCall("get_weather", '{"city": "Paris"}')
         (OPEN + '\n{"name": "f", "arguments": {}', OPEN + '\n{"name": "f", "arguments": {}', []),
         (block(WEATHER) + OPEN + "{", OPEN + "{", [WEATHER_CALL]),  # unterminated second block
         # A block ends at the first close tag, even one inside a JSON string.
-        (block({"name": "f", "arguments": {"t": CLOSE}}),
-         block({"name": "f", "arguments": {"t": CLOSE}}), []),
+        (
+            block({"name": "f", "arguments": {"t": CLOSE}}),
+            block({"name": "f", "arguments": {"t": CLOSE}}),
+            [],
+        ),
         # An open tag inside a block is just text of that block.
         (OPEN + "x" + block(WEATHER), OPEN + "x" + block(WEATHER), []),
         ("</tool_call> stray", "</tool_call> stray", []),
@@ -75,8 +82,10 @@ def test_parse_tool_calls(text, content, calls) -> None:
         ({"name": "f", "arguments": {"a": 1}, "parameters": {"b": 2}}, '{"a": 1}'),
         ({"name": "f", "arguments": '{"a":1}'}, '{"a":1}'),  # a JSON-object string, kept verbatim
         ('{"name":"f","arguments":{"x":[1,2.5,null,true]}}', '{"x": [1, 2.5, null, true]}'),
-        ('{"name": "f", "arguments": {"big": 12345678901234567890}}',
-         '{"big": 12345678901234567890}'),
+        (
+            '{"name": "f", "arguments": {"big": 12345678901234567890}}',
+            '{"big": 12345678901234567890}',
+        ),
     ],
 )
 def test_arguments_text(payload, arguments) -> None:
@@ -88,13 +97,24 @@ def test_arguments_text(payload, arguments) -> None:
 @pytest.mark.parametrize(
     "payload",
     [
-        "not json", "", "[1, 2]", '"f"', '{"name": "f"}', '{"arguments": {}}',
-        '{"name": "", "arguments": {}}', '{"name": 3, "arguments": {}}',
-        '{"name": "f", "arguments": [1]}', '{"name": "f", "arguments": "Paris"}',
-        '{"name": "f", "arguments": "[1]"}', '{"name": "f", "arguments": null}',
-        '{"name": "f", "arguments": {"x": NaN}}', '{"name": "f", "arguments": {"x": 1e999}}',
-        '{"name": "f", "arguments": {}} extra', '{"name": "f", "arguments": {}}{}',
-        "{'name': 'f', 'arguments': {}}", '\u00a0{"name": "f", "arguments": {}}',
+        "not json",
+        "",
+        "[1, 2]",
+        '"f"',
+        '{"name": "f"}',
+        '{"arguments": {}}',
+        '{"name": "", "arguments": {}}',
+        '{"name": 3, "arguments": {}}',
+        '{"name": "f", "arguments": [1]}',
+        '{"name": "f", "arguments": "Paris"}',
+        '{"name": "f", "arguments": "[1]"}',
+        '{"name": "f", "arguments": null}',
+        '{"name": "f", "arguments": {"x": NaN}}',
+        '{"name": "f", "arguments": {"x": 1e999}}',
+        '{"name": "f", "arguments": {}} extra',
+        '{"name": "f", "arguments": {}}{}',
+        "{'name': 'f', 'arguments': {}}",
+        '\u00a0{"name": "f", "arguments": {}}',
     ],
 )
 def test_invalid_blocks_stay_text(payload: str) -> None:
@@ -111,7 +131,8 @@ def test_lone_surrogates_are_escaped_or_rejected() -> None:
     text = block('{"name": "\\ud800", "arguments": {}}')
     assert parse_tool_calls(text) == (text, [])
     assert parse_tool_calls(block('{"name": "f", "arguments": {"a": "\\ud83d\\ude00"}}'))[1] == [
-        ToolCall("f", '{"a": "\U0001f600"}')]  # a proper pair is one character
+        ToolCall("f", '{"a": "\U0001f600"}')
+    ]  # a proper pair is one character
 
 
 def test_new_call_id() -> None:
@@ -121,6 +142,7 @@ def test_new_call_id() -> None:
 
 
 # ---- streaming ------------------------------------------------------------------------------
+
 
 def counter_ids():
     numbers = itertools.count()
@@ -174,11 +196,22 @@ def valid_blocks(draw) -> tuple[str, ToolCall]:
 
 @st.composite
 def invalid_blocks(draw) -> str:
-    junk = draw(st.sampled_from([
-        "oops", '{"name": "f"}', '{"name": "f", "arguments": 1}', '{"arguments": {}}', "[1]",
-        '{"name": "f", "arguments": {}} x', '{"name": "f", "arguments": {"a": tru}}', "{",
-        '{"name": "f", <tool_call>', "",
-    ]))
+    junk = draw(
+        st.sampled_from(
+            [
+                "oops",
+                '{"name": "f"}',
+                '{"name": "f", "arguments": 1}',
+                '{"arguments": {}}',
+                "[1]",
+                '{"name": "f", "arguments": {}} x',
+                '{"name": "f", "arguments": {"a": tru}}',
+                "{",
+                '{"name": "f", <tool_call>',
+                "",
+            ]
+        )
+    )
     return OPEN + draw(_ws) + junk + draw(_ws) + CLOSE
 
 
@@ -291,9 +324,11 @@ def test_stream_releases_complete_object_without_name_early() -> None:
 def test_stream_whitespace_rules() -> None:
     assert run_stream([" \n", "Hi", " \n"]) == (" \nHi \n", [])  # no calls: unchanged
     s = ToolCallStream(id_factory=counter_ids())
-    assert s.feed(block(WEATHER)) == [ToolCallDelta(0, "call_0", "get_weather", ""),
-                                      ToolCallDelta(0, None, None, '{"city":'),
-                                      ToolCallDelta(0, None, None, ' "Paris"}')]
+    assert s.feed(block(WEATHER)) == [
+        ToolCallDelta(0, "call_0", "get_weather", ""),
+        ToolCallDelta(0, None, None, '{"city":'),
+        ToolCallDelta(0, None, None, ' "Paris"}'),
+    ]
     assert s.feed("\n\n  Done") == ["Done"]  # leading whitespace after a call is dropped
     assert s.feed("  ") == []
     assert s.feed("!") == ["  !"]

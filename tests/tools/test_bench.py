@@ -66,8 +66,13 @@ def test_prefill_is_the_median_of_its_repeats(monkeypatch):
     from kipp_core import bench
 
     speeds = iter([300.0, 100.0, 200.0])
-    monkeypatch.setattr(bench, "measure_prefill", lambda *a: (lambda v: {
-        "prefill_tok_s": v, "ttft_s": 1 / v, "prefill_s": 1 / v})(next(speeds)))
+    monkeypatch.setattr(
+        bench,
+        "measure_prefill",
+        lambda *a: (lambda v: {"prefill_tok_s": v, "ttft_s": 1 / v, "prefill_s": 1 / v})(
+            next(speeds)
+        ),
+    )
     got = bench.median_prefill(None, 8, 1, None, 3)
     assert got["prefill_tok_s"] == 200.0 and got["ttft_s"] == 1 / 200.0
     assert got["prefill_samples"] == [100.0, 200.0, 300.0]

@@ -20,8 +20,17 @@ def test_json_output(chat, tiny_path):
     from kipp_core.chat import render
     from kipp_core.tokenizer import Tokenizer
 
-    args = ["generate", "Write a haiku about the sea", "--json", "--max-tokens", "5",
-            "--temperature", "0", "--backend", "oracle"] + (["--chat"] if chat else [])
+    args = [
+        "generate",
+        "Write a haiku about the sea",
+        "--json",
+        "--max-tokens",
+        "5",
+        "--temperature",
+        "0",
+        "--backend",
+        "oracle",
+    ] + (["--chat"] if chat else [])
     p = kipp(*args)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -64,4 +73,3 @@ def test_bad_input_exits_2_with_one_line(name):
     assert len(lines) == 1 and lines[0].startswith("kipp generate"), p.stderr
     if name == "too long":
         assert "context holds 4096" in lines[0]
-
