@@ -18,6 +18,8 @@
 #           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
+#   intx, intxab  the int16-x quantized GEMVs (eighth session, not yet run on a GPU): tests, sweep
+#           into the tuned table, 8B decode; then the exact path against it in one run
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -295,6 +297,28 @@ qgemv3)  # sixth session: the quantized GEMVs' prefetch and register-cap variant
     --json "$OUT/sweep_quant4.json" 2>&1 | tee "$OUT/sweep_quant4.log" | grep -E -A1 "default|wrote|Error" | cut -c1-150
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
   bash "$0" quant
+  ;;
+intx)  # eighth session's kernel, first call of the next session: int16-x GEMV tests on the GPU
+  # (dp2a against its integer emulation, error bound, 8B shapes), the 8B sweep of both paths with
+  # the winners written to the tuned table, then 8B bf16/q8_0/affine4 decode with that table
+  step "quantized GEMV tests on the GPU (exact and int16-x paths)"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_matmul_kernels.py \
+    -k "gpu or int16 or int_x" 2>&1 | tee "$OUT/tests_intx.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+  step "sweep q8_0, affine4 at 8B shapes: exact path (INT_X off) against the int16-x grid"
+  timeout 200 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --write-configs \
+    --json "$OUT/sweep_intx.json" 2>&1 | tee "$OUT/sweep_intx.log" | grep -E -A1 "default|wrote|Error" | cut -c1-160
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  decode8 b8x 80
+  ;;
+intxab)  # after intx, with its table committed: 8B q8_0/affine4 decode on the exact path
+  # (KIPP_CUDA_INT_X=0) against the table's int16-x configs, bf16 as the ratio's base, same run
+  decode8 b8t 80
+  for q in q8_0 affine4; do
+    step "8B $q, exact path (KIPP_CUDA_INT_X=0)"
+    KIPP_CUDA_INT_X=0 timeout 80 python -m kipp_core.cli.main bench --random-weights qwen3-8b \
+      --backend cuda --quant $q --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
+      --json "$OUT/b8e_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
+  done
   ;;
 final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
   # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts

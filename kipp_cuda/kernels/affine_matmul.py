@@ -19,10 +19,12 @@ from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.bits import (
     aligned_x,
     byte_floats,
+    dot2,
     load_scalar,
     load_words,
     load_x8,
     nibble_floats,
+    quant_x16,
     sum8,
 )
 from kipp_cuda.kernels.matmul_tiles import (
@@ -109,11 +111,11 @@ def _affine_gemv_kernel(
     PDL: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
+    INT_X: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_matmul's GEMV: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
-    # b sum(x), and with bits.py's f (2 + q / 128, or 2 + q / 8 for odd nibbles, whose x is
-    # taken / 16): sum(x q) = 128 (sum(x f) - 2 sum(x')), x' the x so scaled.
+    # b sum(x); sum(x q) from dp2a on int16 x (INT_X, group size 32) or exact in fp32.
     pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
     pid_n = tl.program_id(0)
@@ -142,47 +144,32 @@ def _affine_gemv_kernel(
                 w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1), WPG, ASM
             )
         g = tl.minimum(g0 + rg, g_end - 1)
-        xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-        x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
-        x_scaled = tl.zeros([BLOCK_G], dtype=tl.float32)
-        for c in tl.static_range(GROUP // 8):  # 8 values of x at a time
-            x = load_x8(x_ptr, g * GROUP + 8 * c, ASM)
-            if BITS == 4:  # one word: nibbles 2c..2c+7 of the group
-                f = nibble_floats(w[c], ASM)
-                x1, x3, x5, x7 = x[1] * 0.0625, x[3] * 0.0625, x[5] * 0.0625, x[7] * 0.0625
-                x_even = (x[0] + x[2]) + (x[4] + x[6])
-                x_odd = (x1 + x3) + (x5 + x7)  # taken / 16
-                x_sum += x_even + 16.0 * x_odd
-                x_scaled += x_even + x_odd
-                xf += (
-                    f[0] * x[0][None, :]
-                    + f[1] * x1[None, :]
-                    + f[2] * x[2][None, :]
-                    + f[3] * x3[None, :]
-                    + f[4] * x[4][None, :]
-                    + f[5] * x5[None, :]
-                    + f[6] * x[6][None, :]
-                    + f[7] * x7[None, :]
-                )
-            else:  # two words of four bytes
-                f0, f1, f2, f3 = byte_floats(w[2 * c], False, ASM)
-                f4, f5, f6, f7 = byte_floats(w[2 * c + 1], False, ASM)
-                x_sum += sum8(x)
-                xf += (
-                    f0 * x[0][None, :]
-                    + f1 * x[1][None, :]
-                    + f2 * x[2][None, :]
-                    + f3 * x[3][None, :]
-                    + f4 * x[4][None, :]
-                    + f5 * x[5][None, :]
-                    + f6 * x[6][None, :]
-                    + f7 * x[7][None, :]
-                )
-        if BITS == 8:
-            x_scaled = x_sum
-        xq = (xf - 2.0 * x_scaled[None, :]) * 128.0
-        part = xq * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
-        acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
+        if INT_X and GROUP == 32:  # x as int16, dp2a on the weights' bytes (bits.py)
+            xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
+            dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
+            if BITS == 4:
+                # Even nibbles as bytes n, odd ones masked in place as bytes 16 n (no shift):
+                # pairs 4c, 4c + 1 meet the first, 4c + 2, 4c + 3 the second, summed apart.
+                dot16 = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
+                for c in tl.static_range(WPG):
+                    lo = w[c] & 0x0F0F0F0F
+                    hi = w[c] & -252645136  # 0xF0F0F0F0
+                    dot = dot2(xq[4 * c][None, :], lo, dot, False, True, ASM)
+                    dot = dot2(xq[4 * c + 1][None, :], lo, dot, True, True, ASM)
+                    dot16 = dot2(xq[4 * c + 2][None, :], hi, dot16, False, True, ASM)
+                    dot16 = dot2(xq[4 * c + 3][None, :], hi, dot16, True, True, ASM)
+                xq_s = (dot * 16 + dot16).to(tl.float32) * (xs * 0.0625)[None, :]
+            else:
+                for c in tl.static_range(WPG):
+                    dot = dot2(xq[2 * c][None, :], w[c], dot, False, True, ASM)
+                    dot = dot2(xq[2 * c + 1][None, :], w[c], dot, True, True, ASM)
+                xq_s = dot.to(tl.float32) * xs[None, :]
+            part = xq_s * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
+            acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
+        else:
+            acc += _affine_fp32_group(
+                x_ptr, w, s, b, g, g0, rg, g_end, BITS, GROUP, BLOCK_N, BLOCK_G, ASM
+            )
         if PREFETCH:
             w, s, b = nw, ns, nb
     out = tl.sum(acc, axis=1)[None, :]
@@ -202,6 +189,68 @@ def _affine_gemv_kernel(
         BLOCK_N,
         SPLIT_K,
     )
+
+
+@triton.jit
+def _affine_fp32_group(
+    x_ptr,
+    w,
+    s,
+    b,
+    g,
+    g0,
+    rg,
+    g_end,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    # The exact fp32 path (fp32 x, group sizes 64 and 128): one K step's [BLOCK_N, BLOCK_G] group
+    # sums, zero past g_end. With bits.py's f (2 + q / 128, or 2 + q / 8 for odd nibbles, whose
+    # x is taken / 16): sum(x q) = 128 (sum(x f) - 2 sum(x')), x' the x so scaled.
+    xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+    x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+    x_scaled = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for c in tl.static_range(GROUP // 8):  # 8 values of x at a time
+        x = load_x8(x_ptr, g * GROUP + 8 * c, ASM)
+        if BITS == 4:  # one word: nibbles 2c..2c+7 of the group
+            f = nibble_floats(w[c], ASM)
+            x1, x3, x5, x7 = x[1] * 0.0625, x[3] * 0.0625, x[5] * 0.0625, x[7] * 0.0625
+            x_even = (x[0] + x[2]) + (x[4] + x[6])
+            x_odd = (x1 + x3) + (x5 + x7)  # taken / 16
+            x_sum += x_even + 16.0 * x_odd
+            x_scaled += x_even + x_odd
+            xf += (
+                f[0] * x[0][None, :]
+                + f[1] * x1[None, :]
+                + f[2] * x[2][None, :]
+                + f[3] * x3[None, :]
+                + f[4] * x[4][None, :]
+                + f[5] * x5[None, :]
+                + f[6] * x[6][None, :]
+                + f[7] * x7[None, :]
+            )
+        else:  # two words of four bytes
+            f0, f1, f2, f3 = byte_floats(w[2 * c], False, ASM)
+            f4, f5, f6, f7 = byte_floats(w[2 * c + 1], False, ASM)
+            x_sum += sum8(x)
+            xf += (
+                f0 * x[0][None, :]
+                + f1 * x[1][None, :]
+                + f2 * x[2][None, :]
+                + f3 * x[3][None, :]
+                + f4 * x[4][None, :]
+                + f5 * x[5][None, :]
+                + f6 * x[6][None, :]
+                + f7 * x[7][None, :]
+            )
+    if BITS == 8:
+        x_scaled = x_sum
+    xq = (xf - 2.0 * x_scaled[None, :]) * 128.0
+    part = xq * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
+    return tl.where((g0 + rg < g_end)[None, :], part, 0.0)
 
 
 @triton.jit(do_not_specialize=["T"])  # the token count changes every step
@@ -391,7 +440,7 @@ def affine_gemv(
         SPLIT_K=cfg["SPLIT_K"],
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
-        **launch_options(cfg),
+        **launch_options(cfg, x.dtype),
         **pdl,
     )
     return out

@@ -246,3 +246,78 @@ def load_x8(x_ptr, first, ASM: tl.constexpr):
 @triton.jit
 def sum8(x):
     return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
+
+
+# -- int16 x and integer dot products (bf16/fp16 x) ---------------------------------------------
+# A group's 32 values of x become int16 q = rint(x / xs), xs = max|x| / 32767 (an error of at
+# most xs / 2 = 1.5e-5 of the group's largest value, far under x's own bf16 rounding), packed two
+# to a word; the weights' bytes stay integers, and PTX dp2a multiplies two int16 by two int8 and
+# adds both to an int32 in one instruction. A group of one row then costs 16 dp2a and one I2F
+# where the fp32 path spends ~3 instructions a weight (bits.py's float tricks and an FFMA); the
+# group's quantization is shared by the rows a thread holds.
+
+_MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + this holds rint(x) in its low bits
+
+
+@triton.jit
+def _x16(v, inv):
+    # rint(v * inv) in the low 16 bits of an int32 (|v * inv| <= 32767)
+    return (v * inv + _MAGIC_ROUND).to(tl.int32, bitcast=True) & 0xFFFF
+
+
+@triton.jit
+def quant_x16(x_ptr, first, NIBBLES: tl.constexpr, ASM: tl.constexpr):
+    """x[first + i], i < 32 (first a multiple of 32 at each element), as sixteen int32 words of
+    two int16 each, with the scale xs (x ~ xs q) and the fp32 sum of the 32 values. Word p holds
+    values (2p, 2p + 1), or with NIBBLES the pairs that dot2 meets in the even and odd nibbles of
+    affine4 word c = p // 4: (8c, 8c + 2), (8c + 4, 8c + 6), (8c + 1, 8c + 3), (8c + 5, 8c + 7).
+    A NaN or inf in x makes xs NaN, so it reaches the output as NaN instead of vanishing."""
+    x = (
+        load_x8(x_ptr, first, ASM)
+        + load_x8(x_ptr, first + 8, ASM)
+        + load_x8(x_ptr, first + 16, ASM)
+        + load_x8(x_ptr, first + 24, ASM)
+    )
+    amax = tl.abs(x[0])
+    total = x[0]
+    for i in tl.static_range(1, 32):
+        amax = tl.maximum(amax, tl.abs(x[i]), propagate_nan=tl.PropagateNan.ALL)
+        total += x[i]
+    xs = amax * (1.0 / 32767.0)
+    xs = tl.where(amax == float("inf"), float("nan"), xs)
+    inv = tl.where(amax > 0, 32767.0 / amax, 0.0)
+    inv = tl.where(amax == float("inf"), 0.0, inv)
+    words = ()
+    for p in tl.static_range(16):
+        if NIBBLES:
+            words = words + (_x16_pair(x, inv, 8 * (p // 4) + 4 * (p % 2) + (p % 4) // 2, 2),)
+        else:
+            words = words + (_x16_pair(x, inv, 2 * p, 1),)
+    return words, xs, total
+
+
+@triton.jit
+def _x16_pair(x, inv, I: tl.constexpr, STEP: tl.constexpr):
+    return _x16(x[I], inv) | (_x16(x[I + STEP], inv) << 16)
+
+
+@triton.jit
+def dot2(a, b, acc, HI: tl.constexpr, UNSIGNED: tl.constexpr, ASM: tl.constexpr):
+    """acc + a.lo16 * b.byte0 + a.hi16 * b.byte1 (bytes 2 and 3 with HI): PTX dp2a, a's halves
+    signed, b's bytes signed or UNSIGNED. Under the interpreter (ASM false), integer ops."""
+    if ASM:
+        asm: tl.constexpr = (
+            f"dp2a.{'hi' if HI else 'lo'}.s32.{'u32' if UNSIGNED else 's32'} $0, $1, $2, $3;"
+        )
+        return tl.inline_asm_elementwise(
+            asm=asm, constraints="=r,r,r,r", args=[a, b, acc], dtype=tl.int32, is_pure=True, pack=1
+        )
+    if HI:
+        b = b >> 16
+    if UNSIGNED:
+        b0 = b & 0xFF
+        b1 = (b >> 8) & 0xFF
+    else:
+        b0 = (b << 24) >> 24
+        b1 = (b << 16) >> 24
+    return acc + ((a << 16) >> 16) * b0 + (a >> 16) * b1

@@ -105,11 +105,25 @@ def gemv_launch(device: torch.device, N: int, k_units: int, cfg: dict, unit_key:
     return (n_tiles, split), per_split, part, locks
 
 
-def launch_options(cfg: dict) -> dict:
+def int_x(cfg: dict, x_dtype: torch.dtype) -> bool:
+    """Whether a quantized GEMV takes x as int16 with integer dot products (bits.py): where its
+    config says so (the tuned table, from a sweep that timed both paths; off by default), or
+    everywhere with KIPP_CUDA_INT_X=1 and nowhere with 0; never for fp32 x, which keeps the exact
+    fp32 path for gating."""
+    forced = os.environ.get("KIPP_CUDA_INT_X", "")
+    on = cfg.get("INT_X", False) if forced not in ("0", "1") else forced == "1"
+    return on and x_dtype != torch.float32
+
+
+def launch_options(cfg: dict, x_dtype: torch.dtype) -> dict:
     """A quantized GEMV config's launch options: PREFETCH (the next K step's loads in flight
-    during this one's math; default on), num_warps, and maxnreg where the tuned table caps
-    registers for occupancy."""
-    opts = dict(PREFETCH=cfg.get("PREFETCH", True), num_warps=cfg["num_warps"])
+    during this one's math; default on), INT_X (int_x), num_warps, and maxnreg where the tuned
+    table caps registers for occupancy."""
+    opts = dict(
+        PREFETCH=cfg.get("PREFETCH", True),
+        INT_X=int_x(cfg, x_dtype),
+        num_warps=cfg["num_warps"],
+    )
     if cfg.get("maxnreg"):
         opts["maxnreg"] = cfg["maxnreg"]
     return opts

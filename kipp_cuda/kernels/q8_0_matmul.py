@@ -9,7 +9,9 @@ is fp32; the output has x's dtype. Two kernels, chosen by T:
   x. Each byte becomes an exact fp32 with a shift and a LOP3 (bits.py); each group's scale
   applies to its 32-element sum. The tuned table picks, per shape, whether the next tile's loads
   go out before this tile's math (PREFETCH) or more programs share an SM, and may cap registers
-  (maxnreg); split-K when the rows alone leave SMs idle.
+  (maxnreg); split-K when the rows alone leave SMs idle. With INT_X (bf16/fp16 x; the tuned
+  table or KIPP_CUDA_INT_X), x becomes int16 per group and dp2a multiplies it with the int8
+  weights directly (bits.py), about 1.5 instructions a weight against 3.8.
 - T > 1: `_q8_0_matmul_kernel`, tl.dot on tiles dequantized to the activation dtype (bf16 rounding
   of w, like bf16 weights). For T <= 16 a 16-row tile with split-K keeps the weights streaming
   (tensor cores make 2..16 tokens cost what one does); for prefill, 64/128/256-row tiles with
@@ -27,7 +29,16 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import aligned_x, byte_floats, load_scalar, load_words, load_x8, sum8
+from kipp_cuda.kernels.bits import (
+    aligned_x,
+    byte_floats,
+    dot2,
+    load_scalar,
+    load_words,
+    load_x8,
+    quant_x16,
+    sum8,
+)
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -88,6 +99,7 @@ def _q8_0_gemv_kernel(
     PDL: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
+    INT_X: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -113,25 +125,33 @@ def _q8_0_gemv_kernel(
         else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
-        xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-        x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
-        for j in tl.static_range(4):  # 8 values of x and 2 words at a time
-            x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
-            x_sum += sum8(x)
-            f0, f1, f2, f3 = byte_floats(w[2 * j], True, ASM)
-            f4, f5, f6, f7 = byte_floats(w[2 * j + 1], True, ASM)
-            xf += (
-                f0 * x[0][None, :]
-                + f1 * x[1][None, :]
-                + f2 * x[2][None, :]
-                + f3 * x[3][None, :]
-                + f4 * x[4][None, :]
-                + f5 * x[5][None, :]
-                + f6 * x[6][None, :]
-                + f7 * x[7][None, :]
-            )
-        # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
-        part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
+        if INT_X:  # x as int16, two dp2a a word (bits.py)
+            xq, xs, _ = quant_x16(x_ptr, g * 32, False, ASM)
+            dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
+            for j in tl.static_range(8):
+                dot = dot2(xq[2 * j][None, :], w[j], dot, False, False, ASM)
+                dot = dot2(xq[2 * j + 1][None, :], w[j], dot, True, False, ASM)
+            part = dot.to(tl.float32) * (d.to(tl.float32) * xs[None, :])
+        else:
+            xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+            x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+            for j in tl.static_range(4):  # 8 values of x and 2 words at a time
+                x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
+                x_sum += sum8(x)
+                f0, f1, f2, f3 = byte_floats(w[2 * j], True, ASM)
+                f4, f5, f6, f7 = byte_floats(w[2 * j + 1], True, ASM)
+                xf += (
+                    f0 * x[0][None, :]
+                    + f1 * x[1][None, :]
+                    + f2 * x[2][None, :]
+                    + f3 * x[3][None, :]
+                    + f4 * x[4][None, :]
+                    + f5 * x[5][None, :]
+                    + f6 * x[6][None, :]
+                    + f7 * x[7][None, :]
+                )
+            # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
+            part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
@@ -347,7 +367,7 @@ def q8_0_gemv(
         SPLIT_K=cfg["SPLIT_K"],
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
-        **launch_options(cfg),
+        **launch_options(cfg, x.dtype),
         **pdl,
     )
     return out

@@ -11,6 +11,7 @@ from kipp_core.quant import dequantize_affine, dequantize_q8_0, quantize_affine,
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
 from kipp_cuda.kernels import q8_0_matmul as qm
+from kipp_cuda.kernels.matmul_tiles import int_x
 from tests.cuda.kernel_testing import (
     DEV,
     DTYPES,
@@ -142,7 +143,9 @@ def test_affine_rejects_bad_operands():
 
 @gpu
 @pytest.mark.parametrize("proj", ["qkv", "o", "gate_up", "down"])
-def test_gpu_quantized_matmuls_at_8b_shapes(proj):
+@pytest.mark.parametrize("int16_x", ["0", "1"])
+def test_gpu_quantized_matmuls_at_8b_shapes(proj, int16_x, monkeypatch):
+    monkeypatch.setenv("KIPP_CUDA_INT_X", int16_x)  # T = 1: the exact path, then int16 x
     N, K = bench.linear_shapes()["8B"][proj]
     w = (torch.randn(N, K, generator=gen(26)) * 0.02).numpy()
     qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
@@ -188,6 +191,66 @@ def test_quantized_gemv_launch_options(cfg):
         )
 
 
+def int16_x_bound(x, w64):
+    """|error| per output of the int16-x GEMV path against exact sums of its inputs: each value
+    of x is off by at most half its group's step max|x_g| / 32767, times |w| summed over the
+    group, plus fp32 rounding of the group sums."""
+    xg = x.double().cpu().reshape(-1, 32)
+    half_step = xg.abs().amax(dim=1) / 32767 / 2  # [groups]
+    wg = w64.abs().reshape(w64.shape[0], -1, 32).sum(-1)  # [N, groups]
+    exact = x.double().cpu() @ w64.T
+    return exact, (wg * half_step).sum(-1) * 1.001 + 1e-6 * exact.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_quantized_gemv_int16_x_error_within_its_bound(dtype):
+    """bf16/fp16 x takes the int16-x path (x ~ xs q per group of 32, dp2a on the weights'
+    integers): within the bound of x's rounding, with an outlier that coarsens one group's step.
+    The exact fp32 path (INT_X off) stays within fp32 rounding of the same sums."""
+    N, K = 37, 1216
+    qs, d, w64 = q8_weights(N, K, seed=21)
+    x = randn(1, K, dtype=dtype, seed=22)
+    x[0, 40] = 50.0
+    cfg = dict(BLOCK_N=8, BLOCK_G=8, SPLIT_K=1, num_warps=4, PREFETCH=False, INT_X=True)
+    exact, bound = int16_x_bound(x, w64)
+    got = run(qm.q8_0_gemv, x, qs, d, cfg, f32(N)).double().cpu()[0]
+    assert ((got - exact[0]).abs() <= bound).all()
+    assert (got - exact[0]).abs().max() > 1e-3 * bound.max()  # the path did quantize x
+    off = run(qm.q8_0_gemv, x, qs, d, {**cfg, "INT_X": False}, f32(N)).double().cpu()[0]
+    same_sums(off, exact[0])
+    for bits in (4, 8):
+        wq, s, b, w64 = affine_weights(N, K, bits, 32, seed=23, sdtype=dtype)
+        exact, bound = int16_x_bound(x, w64)
+        got = run(am.affine_gemv, x, wq, s, b, bits, 32, cfg, f32(N)).double().cpu()[0]
+        assert ((got - exact[0]).abs() <= bound).all(), bits
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's inf * 0
+def test_quantized_gemv_int16_x_passes_nan_and_inf_on():
+    """A NaN or inf in x must not vanish into an int16 zero: every output becomes NaN."""
+    N, K = 9, 256
+    qs, d, _ = q8_weights(N, K, seed=24)
+    wq, s, b, _ = affine_weights(N, K, 4, 32, seed=25, sdtype=torch.bfloat16)
+    cfg = dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=1, num_warps=4, INT_X=True)
+    for bad in (float("nan"), float("inf")):
+        x = randn(1, K, dtype=torch.bfloat16, seed=26)
+        x[0, 77] = bad
+        assert qm.q8_0_gemv(x, qs, d, cfg).isnan().all()
+        assert am.affine_gemv(x, wq, s, b, 4, 32, cfg).isnan().all()
+
+
+def test_int_x_is_chosen_by_config_or_environment(monkeypatch):
+    """Off unless the config (the tuned table) or KIPP_CUDA_INT_X turns it on; never for fp32 x."""
+    bf16, fp32 = torch.bfloat16, torch.float32
+    monkeypatch.delenv("KIPP_CUDA_INT_X", raising=False)
+    assert not int_x({}, bf16) and int_x({"INT_X": True}, bf16)
+    assert not int_x({"INT_X": True}, fp32)
+    monkeypatch.setenv("KIPP_CUDA_INT_X", "1")
+    assert int_x({}, bf16) and int_x({"INT_X": False}, torch.float16) and not int_x({}, fp32)
+    monkeypatch.setenv("KIPP_CUDA_INT_X", "0")
+    assert not int_x({"INT_X": True}, bf16)
+
+
 def test_quantized_gemv_takes_unaligned_views():
     """The GEMVs read x and the weight rows 16 bytes at a time: views that start off that
     alignment (a 2-byte offset into x, a 1-byte offset into qs, a word into wq) are copied, not
@@ -225,32 +288,36 @@ def f32(N):
     "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
 )
 def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
-    """bits.py's inline PTX (16-byte vector loads; shift + LOP3 into the float bits) against its
-    plain path (tl.load, integer ops) in the same kernels on the GPU: the same exact fp32
-    values, so the same sums up to their order (the two paths' layouts reduce a row's groups in
-    different trees, which fp32 x rounds). Odd shapes (masked rows and groups, split-K), the 8B
-    down shape, fp32, bf16 and fp16 x, and group sizes 32 and 128."""
+    """bits.py's inline PTX (16-byte vector loads; shift + LOP3 into the float bits; dp2a on
+    int16 x) against its plain path (tl.load, integer ops) in the same kernels on the GPU: the
+    same exact values, so the same sums up to their order (the two paths' layouts reduce a row's
+    groups in different trees, which fp32 x rounds). Odd shapes (masked rows and groups,
+    split-K), the 8B down shape, fp32, bf16 and fp16 x, group sizes 32 and 128, INT_X off and
+    on."""
     for N, K, split in ((781, 1920, 1), (5, 4096, 4), (4096, 12288, 2)):
         w = (torch.randn(N, K, generator=gen(N)) * 0.02).numpy()
         qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
         x = randn(1, K, dtype=dtype, seed=K)
-        cfg = dict(BLOCK_N=8, BLOCK_G=16, SPLIT_K=split, num_warps=4)
-        # fp32 outputs whatever x is: the sums before any rounding to x's dtype
-        fast, plain = (qm.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
-        same_sums(fast, plain)
-        close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
-        for bits, gs in ((4, 32), (8, 32), (4, 128)):
-            packed, s, b = quantize_affine(w, bits, gs)
-            args = (
-                torch.from_numpy(packed.view(np.int32)).to(DEV),
-                torch.from_numpy(s).to(DEV, torch.bfloat16),
-                torch.from_numpy(b).to(DEV, torch.bfloat16),
-                bits,
-                gs,
-            )
-            fast, plain = (am.affine_gemv(x, *args, cfg, out=f32(N), asm=a) for a in (True, False))
+        for on in (False, True):  # the exact fp32 path, then int16 x with dp2a
+            cfg = dict(BLOCK_N=8, BLOCK_G=16, SPLIT_K=split, num_warps=4, INT_X=on)
+            # fp32 outputs whatever x is: the sums before any rounding to x's dtype
+            fast, plain = (qm.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
             same_sums(fast, plain)
-            close(fast, am.affine_matmul_ref(x, *args), dtype)
+            close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
+            for bits, gs in ((4, 32), (8, 32), (4, 128)):
+                packed, s, b = quantize_affine(w, bits, gs)
+                args = (
+                    torch.from_numpy(packed.view(np.int32)).to(DEV),
+                    torch.from_numpy(s).to(DEV, torch.bfloat16),
+                    torch.from_numpy(b).to(DEV, torch.bfloat16),
+                    bits,
+                    gs,
+                )
+                fast, plain = (
+                    am.affine_gemv(x, *args, cfg, out=f32(N), asm=a) for a in (True, False)
+                )
+                same_sums(fast, plain)
+                close(fast, am.affine_matmul_ref(x, *args), dtype)
 
 
 @pytest.mark.parametrize("N,K", [(1, 64), (37, 300), (1024, 96), (130, 2048)])
