@@ -53,8 +53,9 @@ def _ordered(fn, sig: dict) -> dict:
     return {n: sig.get(n, "constexpr") for n in names}
 
 
-def loop_ops(fn, sig: dict, consts: dict, num_warps: int) -> collections.Counter:
-    """SASS opcodes between the last backward branch and its target (the K loop)."""
+def loop_ops(fn, sig: dict, consts: dict, num_warps: int) -> tuple[collections.Counter, int]:
+    """SASS opcodes between the last backward branch and its target (the K loop), and the
+    kernel's registers a thread."""
     sig = _ordered(fn, sig)
     aligned = [n for n, t in sig.items() if t.startswith("*") or n.startswith("stride")]
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -66,6 +67,10 @@ def loop_ops(fn, sig: dict, consts: dict, num_warps: int) -> collections.Counter
         lines = subprocess.run(
             [str(CUOBJDUMP), "-sass", f.name], capture_output=True, text=True, check=True
         ).stdout.splitlines()
+        usage = subprocess.run(
+            [str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
     addr = re.compile(r"/\*([0-9a-f]{4,})\*/")
     body = lines
     for i in range(len(lines) - 1, -1, -1):
@@ -81,7 +86,7 @@ def loop_ops(fn, sig: dict, consts: dict, num_warps: int) -> collections.Counter
         m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)", s)
         if m:
             ops[m.group(1)] += 1
-    return ops
+    return ops, regs
 
 
 def main() -> None:
@@ -91,8 +96,8 @@ def main() -> None:
     args = p.parse_args()
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.int_x]
     print(f"triton {triton.__version__}, sm_90; PREFETCH off, PDL on, bf16 x")
-    print("| kernel | BLOCK_N x BLOCK_G x warps | INT_X | loop instructions | per weight | top |")
-    print("|---|---|---|---|---|---|")
+    print("| kernel | N x G x warps | INT_X | loop instructions | per weight | registers | top |")
+    print("|---|---|---|---|---|---|---|")
     for spec in args.configs.split(","):
         bn, bg, nw = (int(v) for v in spec.split("x"))
         weights = bn * bg * 32 / (32 * nw)  # a thread's weights a K step
@@ -102,10 +107,10 @@ def main() -> None:
                 ("q8_0", qm._q8_0_gemv_kernel, Q8_SIG, {}),
                 ("affine4", am._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
             ):
-                ops = loop_ops(fn, sig, {**common, **extra, "INT_X": on}, nw)
+                ops, regs = loop_ops(fn, sig, {**common, **extra, "INT_X": on}, nw)
                 n = sum(ops.values())
                 top = ", ".join(f"{k} {v}" for k, v in ops.most_common(4))
-                print(f"| {name} | {spec} | {on} | {n} | {n / weights:.2f} | {top} |")
+                print(f"| {name} | {spec} | {on} | {n} | {n / weights:.2f} | {regs} | {top} |")
 
 
 if __name__ == "__main__":
