@@ -18,7 +18,7 @@ import triton.language as tl
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.bits import (
     aligned_x,
-    byte_floats,
+    byte_dot8,
     dot2,
     load_scalar,
     load_words,
@@ -233,19 +233,8 @@ def _affine_fp32_group(
                 + f[7] * x7[None, :]
             )
         else:  # two words of four bytes
-            f0, f1, f2, f3 = byte_floats(w[2 * c], False, ASM)
-            f4, f5, f6, f7 = byte_floats(w[2 * c + 1], False, ASM)
             x_sum += sum8(x)
-            xf += (
-                f0 * x[0][None, :]
-                + f1 * x[1][None, :]
-                + f2 * x[2][None, :]
-                + f3 * x[3][None, :]
-                + f4 * x[4][None, :]
-                + f5 * x[5][None, :]
-                + f6 * x[6][None, :]
-                + f7 * x[7][None, :]
-            )
+            xf += byte_dot8(w[2 * c], w[2 * c + 1], x, False, ASM)
     if BITS == 8:
         x_scaled = x_sum
     xq = (xf - 2.0 * x_scaled[None, :]) * 128.0

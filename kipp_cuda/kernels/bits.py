@@ -86,6 +86,24 @@ def byte_floats(w, FLIP: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def byte_dot8(w0, w1, x, FLIP: tl.constexpr, ASM: tl.constexpr):
+    """sum_i f_i x_i over the eight bytes of the words w0, w1 ([BLOCK_N, BLOCK_G]; f_i as
+    byte_floats makes them) and x's eight [BLOCK_G] values."""
+    f0, f1, f2, f3 = byte_floats(w0, FLIP, ASM)
+    f4, f5, f6, f7 = byte_floats(w1, FLIP, ASM)
+    return (
+        f0 * x[0][None, :]
+        + f1 * x[1][None, :]
+        + f2 * x[2][None, :]
+        + f3 * x[3][None, :]
+        + f4 * x[4][None, :]
+        + f5 * x[5][None, :]
+        + f6 * x[6][None, :]
+        + f7 * x[7][None, :]
+    )
+
+
+@triton.jit
 def _nibble_float(w, i: tl.constexpr):
     # the interpreter's value of nibble i: 2 + n / 128 (even i) or 2 + n / 8 (odd i)
     n = ((w.to(tl.uint32, bitcast=True) >> (4 * i)) & 0xF).to(tl.float32)

@@ -31,7 +31,7 @@ import triton.language as tl
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.bits import (
     aligned_x,
-    byte_floats,
+    byte_dot8,
     dot2,
     load_scalar,
     load_words,
@@ -138,18 +138,7 @@ def _q8_0_gemv_kernel(
             for j in tl.static_range(4):  # 8 values of x and 2 words at a time
                 x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
                 x_sum += sum8(x)
-                f0, f1, f2, f3 = byte_floats(w[2 * j], True, ASM)
-                f4, f5, f6, f7 = byte_floats(w[2 * j + 1], True, ASM)
-                xf += (
-                    f0 * x[0][None, :]
-                    + f1 * x[1][None, :]
-                    + f2 * x[2][None, :]
-                    + f3 * x[3][None, :]
-                    + f4 * x[4][None, :]
-                    + f5 * x[5][None, :]
-                    + f6 * x[6][None, :]
-                    + f7 * x[7][None, :]
-                )
+                xf += byte_dot8(w[2 * j], w[2 * j + 1], x, True, ASM)
             # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
             part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
