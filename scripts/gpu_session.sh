@@ -38,8 +38,8 @@ targets() {  # the issue-4 decode targets: 0.6B (batch 1, throughput, prefix cac
   decode8 b8 120
 }
 decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/$1_<quant>.json; timeout $2;
-  # prompt length $3, default 2048)
-  for q in none q8_0 affine4; do
+  # prompt length $3, default 2048; QUANTS narrows the schemes)
+  for q in ${QUANTS:-none q8_0 affine4}; do
     step "8B $q, batch 1, prompt ${3:-2048}"
     qa=""; [ "$q" != none ] && qa="--quant $q"
     timeout "$2" python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda $qa \
@@ -313,12 +313,8 @@ intx)  # eighth session's kernel, first call of the next session: int16-x GEMV t
 intxab)  # after intx, with its table committed: 8B q8_0/affine4 decode on the exact path
   # (KIPP_CUDA_INT_X=0) against the table's int16-x configs, bf16 as the ratio's base, same run
   decode8 b8t 80
-  for q in q8_0 affine4; do
-    step "8B $q, exact path (KIPP_CUDA_INT_X=0)"
-    KIPP_CUDA_INT_X=0 timeout 80 python -m kipp_core.cli.main bench --random-weights qwen3-8b \
-      --backend cuda --quant $q --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB \
-      --json "$OUT/b8e_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
-  done
+  step "the exact path (KIPP_CUDA_INT_X=0)"
+  KIPP_CUDA_INT_X=0 QUANTS="q8_0 affine4" decode8 b8e 80
   ;;
 final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
   # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts
