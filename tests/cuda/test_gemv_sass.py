@@ -1,0 +1,42 @@
+"""The quantized GEMVs' inline PTX compiled for sm_90 on this machine (Triton's own ptxas and
+cuobjdump, no GPU): ptxas accepts it, and the int16-x path lowers to dp2a, two weights an
+instruction. A subprocess, because the tests here run Triton's interpreter, whose kernels do not
+compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _has_cuobjdump() -> bool:
+    import triton
+
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
+
+
+@pytest.mark.skipif(not _has_cuobjdump(), reason="this Triton ships no cuobjdump")
+def test_int16_x_gemvs_compile_for_sm90_and_use_dp2a(tmp_path):
+    out = tmp_path / "sass.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    subprocess.run(
+        [sys.executable, "scripts/gemv_sass.py", "--configs", "32x32x4", "--json", str(out)],
+        cwd=Path(__file__).parents[2],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    rows = {(r["kernel"], r["int_x"]): r for r in json.loads(out.read_text())}
+    for kernel in ("q8_0", "affine4"):
+        on, off = rows[kernel, True], rows[kernel, False]
+        # a thread's 8 rows x 32 weights a K step, one dp2a for every two of them
+        assert on["ops"].get("IDP") == on["weights"] / 2, kernel
+        assert "IDP" not in off["ops"], kernel
+        assert sum(on["ops"].values()) < sum(off["ops"].values()), kernel
