@@ -186,7 +186,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         if req.json_object:
             await ctx.constrain_json(rid, req.thinking)
         elif req.required_tools:
-            await ctx.constrain_tool_call(rid, req.required_tools)
+            opened = req.tool_prefix != "<tool_call>\n"  # a named function: past its name
+            await ctx.constrain_tool_call(rid, req.required_tools, opened)
         stream = await ctx.submit([item], arrival, state.config.retry_after_s)
     except BaseException:
         ctx.release(rid)

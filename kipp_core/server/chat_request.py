@@ -2,9 +2,10 @@
 
 The prompt is `kipp_core.chat.render` of the messages. `tool_choice: "none"` offers no tools and
 parses no calls; a named function forces the call's opening, `<tool_call>\\n{"name": NAME,
-"arguments": `, after an empty think block, and the output is parsed with that prefix prepended.
-`"required"` forces `<tool_call>\\n` the same way and holds the output to one whole call of an
-offered tool (server/tool_constraint.py).
+"arguments": `, after an empty think block, holds the rest to one JSON object and the call's
+close, and parses the output with that prefix prepended (as vLLM's guided decoding of a named
+function always returns the call). `"required"` forces `<tool_call>\\n` the same way and holds
+the output to one whole call of an offered tool (server/tool_constraint.py).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ChatRequest:
     tool_prefix: str  # forced opening of a named tool call, prepended before parsing
     logprobs: int | None  # top_logprobs when logprobs is on
     json_object: bool
-    required_tools: list[str] | None = None  # tool_choice "required": the names a call may use
+    required_tools: list[str] | None = None  # a forced tool_choice: the names a call may use
 
 
 def _text(content, where: str) -> str | None:
@@ -208,16 +209,16 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     kw = sampling_fields(f, ctx.vocab_size)
 
     prefix = ""
-    if isinstance(choice, dict):
+    if (isinstance(choice, dict) or choice == "required") and json_object:
+        raise bad_request(
+            "response_format json_object cannot be combined with a forced tool_choice",
+            "response_format",
+        )
+    if isinstance(choice, dict):  # the rest of the call is held to its grammar (tool_constraint)
         thinking = False  # a forced call starts the answer; thinking first would not fit it
         prefix = '<tool_call>\n{"name": ' + json.dumps(choice["name"], ensure_ascii=False)
         prefix += ', "arguments": '
-    elif choice == "required":  # the rest of the call is held to its grammar (tool_constraint)
-        if json_object:
-            raise bad_request(
-                "response_format json_object cannot be combined with tool_choice 'required'",
-                "response_format",
-            )
+    elif choice == "required":  # likewise, from the call's name on
         thinking = False
         prefix = "<tool_call>\n"
     try:
@@ -241,5 +242,12 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         prefix,
         kw["logprobs"],
         json_object,
-        [t["function"]["name"] for t in tools] if choice == "required" else None,
+        forced_names(choice, tools),
     )
+
+
+def forced_names(choice, tools: list[dict]) -> list[str] | None:
+    """The names a forced call may use: every offered tool ("required"), the named one, or None."""
+    if isinstance(choice, dict):
+        return [choice["name"]]
+    return [t["function"]["name"] for t in tools] if choice == "required" else None

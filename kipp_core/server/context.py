@@ -54,13 +54,17 @@ class ServingContext:
         start = self.tokenizer.token_to_id("</think>") if thinking else None
         self.constraints.constraints[request_id] = JsonConstraint(table, start)
 
-    async def constrain_tool_call(self, request_id: str, names: list[str]) -> None:
-        """Hold `request_id`'s output to one tool call of a tool in `names`."""
+    async def constrain_tool_call(self, request_id: str, names: list[str], opened: bool) -> None:
+        """Hold `request_id`'s output to one tool call of a tool in `names` (`opened`: the prompt
+        already forced the call's opening up to its arguments)."""
         from kipp_core.server.tool_constraint import ToolCallConstraint
 
-        table = await self._constrained("tool_choice 'required'", "tool_choice")
+        if opened and self.llm.engine.spec is not None:
+            return  # the forced opening alone, as before the masks: speculative decoding has none
+        what = "tool_choice naming a function" if opened else "tool_choice 'required'"
+        table = await self._constrained(what, "tool_choice")
         end = self.tokenizer.token_to_id("</tool_call>")
-        self.constraints.constraints[request_id] = ToolCallConstraint(table, names, end)
+        self.constraints.constraints[request_id] = ToolCallConstraint(table, names, end, opened)
 
     async def _constrained(self, what: str, param: str):
         """The token table, with the engine's backend wrapped for masks (both made once)."""

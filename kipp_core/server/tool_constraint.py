@@ -1,11 +1,13 @@
-"""`tool_choice: "required"`: token masks that make the output one well-formed Qwen3 tool call.
+"""`tool_choice: "required"` or a named function: token masks that make the output one well-formed
+Qwen3 tool call.
 
 After the prompt's forced `<tool_call>\\n`, the output must read
 `{"name": NAME, "arguments": ` for one of the offered names (JSON-quoted as the template writes
 them), then one JSON object (the json_object masks of json_constraint.py), then `}\\n`, the
-`</tool_call>` token and a stop token. Fixed text is matched token by token without spilling past
-its end, so each part starts at a token boundary. Logprobs still come from the unmasked logits
-(constrained_backend.py).
+`</tool_call>` token and a stop token. For a named function the prompt forces the opening up to
+`"arguments": ` too (`opened`), and the output starts at the JSON object. Fixed text is matched
+token by token without spilling past its end, so each part starts at a token boundary. Logprobs
+still come from the unmasked logits (constrained_backend.py).
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ class _Stream:
 class ToolCallConstraint:
     """One request's forced tool call, per completion stream."""
 
-    def __init__(self, table: TokenTable, names: Sequence[str], end_token: int):
+    def __init__(
+        self, table: TokenTable, names: Sequence[str], end_token: int, opened: bool = False
+    ):
         self.table = table
+        self.opened = opened  # the prompt already holds the opening: the output starts at _ARGS
         self.openings = [  # Latin-1 views of the UTF-8 bytes, like the token texts
             ('{"name": ' + json.dumps(n, ensure_ascii=False) + ', "arguments": ')
             .encode()
@@ -49,7 +54,7 @@ class ToolCallConstraint:
         self, stream: int, output_token_ids: Sequence[int], stop_token_ids: Sequence[int]
     ) -> np.ndarray:
         """The mask for the next token of `stream`: never None, the whole output is constrained."""
-        st = self._streams.setdefault(stream, _Stream())
+        st = self._streams.setdefault(stream, _Stream(phase=_ARGS if self.opened else _NAME))
         for i in range(st.num_read, len(output_token_ids)):
             self._read(st, stream, output_token_ids, i)
         st.num_read = len(output_token_ids)

@@ -32,7 +32,6 @@ SCRIPTS = {
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
     ),
-    "named_args": '{"city": "Rome"}}\n</tool_call>',
     "think_only": "<think>\nJust thinking.\n</think>\n\nThe answer is 4.",
     "bad_call": '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call> done',
 }

@@ -116,14 +116,29 @@ def test_tool_choice_none_offers_no_tools_and_parses_nothing(client, tok):
 
 
 def test_named_tool_choice_forces_the_call(client, tok):
-    messages = user("[[script:named_args]]")
+    """A named function: the prompt forces the call's opening and the masks hold the rest to one
+    JSON object and the close, so even the random model (biased to "}" to finish sooner) returns
+    exactly that call, through both paths, as vLLM's guided decoding does."""
+    messages = user("what now?")
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    whole, stream = both(client, messages=messages, tools=TOOLS, tool_choice=choice)
-    [call] = whole.message.tool_calls
-    assert call.function.name == "get_weather"
-    assert json.loads(call.function.arguments) == {"city": "Rome"}
-    assert whole.finish_reason == "tool_calls" and stream["finish"] == "tool_calls"
-    assert [v[1:] for v in stream["calls"].values()] == [["get_weather", call.function.arguments]]
+    bias = {str(tok.encode("}")[0]): 100}
+    for seed in range(2):
+        whole, stream = both(
+            client,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=choice,
+            max_tokens=60,
+            logit_bias=bias,
+            seed=seed,
+        )
+        [call] = whole.message.tool_calls
+        assert call.function.name == "get_weather" and not whole.message.content
+        assert isinstance(json.loads(call.function.arguments), dict)
+        assert whole.finish_reason == "tool_calls" and stream["finish"] == "tool_calls"
+        assert [v[1:] for v in stream["calls"].values()] == [
+            ["get_weather", call.function.arguments]
+        ]
     r = client.chat.completions.create(
         model="kipp-tiny", messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=1
     )
@@ -238,6 +253,14 @@ def test_json_object_with_thinking_starts_after_think_end(client):
         ({"tool_choice": "required"}, "tool_choice"),
         (
             {"tool_choice": "required", "tools": TOOLS, "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                "tools": TOOLS,
+                "response_format": {"type": "json_object"},
+            },
             "response_format",
         ),
         ({"response_format": {"type": "json_schema"}}, "response_format"),

@@ -1,5 +1,6 @@
-"""tool_choice "required": random walks under the masks always spell one call that the tool
-parser reads, with one of the offered names and a JSON object of arguments."""
+"""tool_choice "required" (and a named function, whose opening the prompt forces): random walks
+under the masks always spell one call that the tool parser reads, with one of the offered names
+and a JSON object of arguments."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ def table(tok):
     return TokenTable(tok, VOCAB)
 
 
-def _walk(table, tok, rng, names=NAMES):
+def _walk(table, tok, rng, names=NAMES, opened=False):
     end = tok.token_to_id("</tool_call>")
-    c = ToolCallConstraint(table, names, end)
+    c = ToolCallConstraint(table, names, end, opened)
     short = table.lengths <= 2
     closing = short & np.array([bool(set(t) & set('"}]:,')) for t in table.texts])
     out: list[int] = []
@@ -72,3 +73,21 @@ def test_each_step_allows_exactly_the_consistent_tokens(table, tok):
     )
     np.testing.assert_array_equal(m, want)
     assert m[tok.encode("time")].all() and not m[tok.encode("date")].any()
+
+
+def test_a_named_function_starts_at_its_arguments(table, tok):
+    """opened: the prompt already ends in `"arguments": `, so the output is one JSON object, then
+    the call's close; the parser reads it with that opening prepended."""
+    opening = '<tool_call>\n{"name": "get_time", "arguments": '
+    rng = random.Random(2)
+    for _ in range(8):
+        text, done = _walk(table, tok, rng, ["get_time"], opened=True)
+        assert done, text
+        content, [call] = parse_tool_calls(opening + text)
+        assert not content and call.name == "get_time"
+        assert isinstance(json.loads(call.arguments), dict), text
+    c = ToolCallConstraint(table, ["get_time"], tok.token_to_id("</tool_call>"), opened=True)
+    first = c.allowed(0, [], [IM_END_ID])
+    assert first[tok.encode("{")].all()
+    assert not first[tok.encode("[")].any() and not first[tok.encode("hello")].any()
+    assert not first[IM_END_ID]
