@@ -206,3 +206,5 @@ class JsonPrefix:
     def is_complete(self) -> bool:
         """The text so far is one whole JSON object, possibly followed by whitespace."""
         return self._snap[0] == S.DONE
+
+    may_end = is_complete  # (an object cannot go on once whole; json_schema's scalars can)

@@ -184,10 +184,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     response = _Response(req, ctx, rid)
     try:
         if req.json_object:
-            await ctx.constrain_json(rid, req.thinking)
+            await ctx.constrain_json(rid, req.thinking, req.json_schema)
         elif req.required_tools:
             opened = req.tool_prefix != "<tool_call>\n"  # a named function: past its name
-            await ctx.constrain_tool_call(rid, req.required_tools, opened)
+            await ctx.constrain_tool_call(rid, req.required_tools, opened, req.tool_schemas)
         stream = await ctx.submit([item], arrival, state.config.retry_after_s)
     except BaseException:
         ctx.release(rid)

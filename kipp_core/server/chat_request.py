@@ -2,10 +2,12 @@
 
 The prompt is `kipp_core.chat.render` of the messages. `tool_choice: "none"` offers no tools and
 parses no calls; a named function forces the call's opening, `<tool_call>\\n{"name": NAME,
-"arguments": `, after an empty think block, holds the rest to one JSON object and the call's
-close, and parses the output with that prefix prepended (as vLLM's guided decoding of a named
-function always returns the call). `"required"` forces `<tool_call>\\n` the same way and holds
-the output to one whole call of an offered tool (server/tool_constraint.py).
+"arguments": `, after an empty think block, holds the rest to arguments valid for the function's
+`parameters` (kipp_core/json_schema.py) and the call's close, and parses the output with that
+prefix prepended (as vLLM's guided decoding of a named function always returns the call).
+`"required"` forces `<tool_call>\\n` the same way and holds the output to one whole call of an
+offered tool, with valid arguments (server/tool_constraint.py). `response_format` `json_object`
+and `json_schema` hold the answer to JSON (after the thinking, when on).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from kipp_core.chat import render
+from kipp_core.json_schema import ANY_OBJ, Obj, compile_schema
 from kipp_core.sampling import SamplingParams
 from kipp_core.server.context import ServingContext
 from kipp_core.server.errors import bad_request
@@ -69,8 +72,10 @@ class ChatRequest:
     parse_tools: bool
     tool_prefix: str  # forced opening of a named tool call, prepended before parsing
     logprobs: int | None  # top_logprobs when logprobs is on
-    json_object: bool
+    json_object: bool  # response_format json_object or json_schema
     required_tools: list[str] | None = None  # a forced tool_choice: the names a call may use
+    json_schema: object | None = None  # json_schema's compiled schema (kipp_core/json_schema.py)
+    tool_schemas: list | None = None  # each required tool's compiled parameters
 
 
 def _text(content, where: str) -> str | None:
@@ -171,17 +176,46 @@ def _enable_thinking(f: Fields) -> bool:
     return value
 
 
-def _json_object(f: Fields) -> bool:
+def _json_format(f: Fields) -> tuple[bool, object | None]:
+    """(constrained to JSON, the compiled schema of a json_schema format or None)."""
     fmt = f.mapping("response_format")
     kind = None if fmt is None else fmt.get("type")
     if fmt is None or kind == "text":
-        return False
+        return False, None
     if kind == "json_object":
-        return True
+        return True, None
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise bad_request(
+                "response_format.json_schema must be an object with a name and a schema",
+                "response_format",
+            )
+        try:
+            return True, compile_schema(spec.get("schema", {}))
+        except ValueError as e:
+            raise bad_request(
+                f"response_format.json_schema.schema: {e}", "response_format"
+            ) from None
     raise bad_request(
-        f"response_format type {kind!r} is not supported (use 'text' or 'json_object')",
+        f"response_format type {kind!r} is not supported (use 'text', 'json_object' or "
+        "'json_schema')",
         "response_format",
     )
+
+
+def _tool_schemas(tools: list[dict], names: list[str]) -> list:
+    """Each named tool's parameters compiled, for the arguments of a forced call (an object: a
+    schema that is not one allows any object)."""
+    out = []
+    for name in names:
+        i, tool = next((i, t) for i, t in enumerate(tools) if t["function"]["name"] == name)
+        try:
+            node = compile_schema(tool["function"].get("parameters") or {})
+        except ValueError as e:
+            raise bad_request(f"tools[{i}].function.parameters: {e}", "tools") from None
+        out.append(node if isinstance(node, Obj) else ANY_OBJ)
+    return out
 
 
 def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
@@ -199,7 +233,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     tools = _tools(f.raw("tools"))
     choice = _tool_choice(f.raw("tool_choice"), tools)
     thinking = _enable_thinking(f)
-    json_object = _json_object(f)
+    json_object, json_schema = _json_format(f)
     max_param = "max_completion_tokens" if f.has("max_completion_tokens") else "max_tokens"
     max_tokens = f.integer(max_param, None, lo=1)
     logprobs = f.boolean("logprobs", False)
@@ -211,7 +245,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     prefix = ""
     if (isinstance(choice, dict) or choice == "required") and json_object:
         raise bad_request(
-            "response_format json_object cannot be combined with a forced tool_choice",
+            "a json response_format cannot be combined with a forced tool_choice",
             "response_format",
         )
     if isinstance(choice, dict):  # the rest of the call is held to its grammar (tool_constraint)
@@ -226,6 +260,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     prompt += prefix
+    names = forced_names(choice, tools)
     ids = ctx.tokenizer.encode(prompt)
     check_context(len(ids), max_tokens, ctx.max_model_len, "messages", max_param)
     kw["max_tokens"] = max_tokens
@@ -242,7 +277,9 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         prefix,
         kw["logprobs"],
         json_object,
-        forced_names(choice, tools),
+        names,
+        json_schema,
+        _tool_schemas(tools, names) if names else None,
     )
 
 

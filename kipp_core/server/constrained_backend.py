@@ -1,5 +1,5 @@
-"""Interim: token masks (`response_format: json_object`, `tool_choice: "required"`) without an
-engine hook.
+"""Interim: token masks (`response_format` json_object / json_schema, a forced `tool_choice`)
+without an engine hook.
 
 The engine has no logits-mask hook yet, so this wraps the backend. For a constrained sequence that
 samples this step, the backend runs its tokens without sampling (all but the last), then the last

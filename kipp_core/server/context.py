@@ -46,17 +46,22 @@ class ServingContext:
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
-    async def constrain_json(self, request_id: str, thinking: bool) -> None:
-        """Hold `request_id`'s output to one JSON object (after `</think>` when thinking)."""
+    async def constrain_json(self, request_id: str, thinking: bool, schema=None) -> None:
+        """Hold `request_id`'s output to one JSON object, or to a value valid for `schema` (a
+        compiled json_schema), after `</think>` when thinking."""
         from kipp_core.server.json_constraint import JsonConstraint
 
-        table = await self._constrained("response_format json_object", "response_format")
+        what = "response_format json_schema" if schema else "response_format json_object"
+        table = await self._constrained(what, "response_format")
         start = self.tokenizer.token_to_id("</think>") if thinking else None
-        self.constraints.constraints[request_id] = JsonConstraint(table, start)
+        self.constraints.constraints[request_id] = JsonConstraint(table, start, schema)
 
-    async def constrain_tool_call(self, request_id: str, names: list[str], opened: bool) -> None:
-        """Hold `request_id`'s output to one tool call of a tool in `names` (`opened`: the prompt
-        already forced the call's opening up to its arguments)."""
+    async def constrain_tool_call(
+        self, request_id: str, names: list[str], opened: bool, schemas: list | None = None
+    ) -> None:
+        """Hold `request_id`'s output to one tool call of a tool in `names`, its arguments to
+        that tool's compiled parameters in `schemas` (`opened`: the prompt already forced the
+        call's opening up to its arguments)."""
         from kipp_core.server.tool_constraint import ToolCallConstraint
 
         if opened and self.llm.engine.spec is not None:
@@ -64,7 +69,9 @@ class ServingContext:
         what = "tool_choice naming a function" if opened else "tool_choice 'required'"
         table = await self._constrained(what, "tool_choice")
         end = self.tokenizer.token_to_id("</tool_call>")
-        self.constraints.constraints[request_id] = ToolCallConstraint(table, names, end, opened)
+        self.constraints.constraints[request_id] = ToolCallConstraint(
+            table, names, end, opened, schemas
+        )
 
     async def _constrained(self, what: str, param: str):
         """The token table, with the engine's backend wrapped for masks (both made once)."""

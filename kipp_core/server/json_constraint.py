@@ -1,4 +1,5 @@
-"""`response_format: json_object`: which token ids keep the output a prefix of one JSON object.
+"""`response_format: json_object` (or `json_schema`): which token ids keep the output a prefix of
+one JSON object (or of a value valid for the schema, kipp_core/json_schema.py).
 
 Tokens are read as bytes in Latin-1, one character per byte: JSON's structure is ASCII, and every
 byte >= 0x80 is part of a multi-byte character, which JSON allows only inside strings. Latin-1
@@ -16,11 +17,12 @@ import functools
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from kipp_core.json_prefix import JsonPrefix, State
+from kipp_core.json_schema import SchemaPrefix
 from kipp_core.tokenizer import Tokenizer
 
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+\Z')
@@ -71,8 +73,9 @@ class TokenTable:
                 index.setdefault(text, []).append(i)
         return index
 
-    def mask(self, prefix: JsonPrefix) -> np.ndarray:
-        """Bool [vocab_size]: the tokens that keep `prefix` a prefix of a JSON object (not eos)."""
+    def mask(self, prefix: JsonPrefix | SchemaPrefix) -> np.ndarray:
+        """Bool [vocab_size]: the tokens that keep `prefix` a prefix of a JSON object, or of a
+        value valid for its schema (not eos)."""
         key = prefix._snap  # the whole immutable state (stack included) decides the mask
         m = self._masks.get(key)
         if m is not None:
@@ -84,7 +87,7 @@ class TokenTable:
             self._masks.popitem(last=False)
         return m
 
-    def _compute(self, prefix: JsonPrefix) -> np.ndarray:
+    def _compute(self, prefix: JsonPrefix | SchemaPrefix) -> np.ndarray:
         if prefix.is_complete:
             return self.whitespace.copy()  # and the stop tokens, added per request
         texts = self.texts
@@ -106,24 +109,26 @@ class TokenTable:
 
 @dataclass
 class _Stream:
+    prefix: JsonPrefix | SchemaPrefix
     num_read: int = 0  # output tokens read so far
     active: bool = False  # past `start_after`
-    prefix: JsonPrefix = field(default_factory=JsonPrefix)
     ws_run: int = 0  # whitespace characters since the last JSON text outside strings
 
 
 class JsonConstraint:
-    """One request's json_object constraint, per completion stream. With `start_after` (the
-    `</think>` token when thinking is on) the output is free until that token.
+    """One request's json_object constraint (or, with `schema`, a compiled json_schema node: a
+    value valid for it), per completion stream. With `start_after` (the `</think>` token when
+    thinking is on) the output is free until that token.
 
     As llama.cpp's json.gbnf does, whitespace is bounded: none before the object, and at most
     MAX_WS_RUN characters of whitespace-only tokens in a row (a newline and 20 of indentation),
     so that a model cannot fill max_tokens with blanks.
     """
 
-    def __init__(self, table: TokenTable, start_after: int | None = None):
+    def __init__(self, table: TokenTable, start_after: int | None = None, schema=None):
         self.table = table
         self.start_after = start_after
+        self.schema = schema
         self._streams: dict[int, _Stream] = {}
 
     def allowed(
@@ -136,7 +141,7 @@ class JsonConstraint:
         t = self.table
         budget = 0 if st.prefix.state == State.START else MAX_WS_RUN - st.ws_run
         m = t.mask(st.prefix) & ~(t.whitespace & (t.lengths > budget))
-        if st.prefix.is_complete:
+        if st.prefix.may_end:
             m[[i for i in stop_token_ids if 0 <= i < m.size]] = True  # it may end here
         return m
 
@@ -148,7 +153,8 @@ class JsonConstraint:
     def _advance(self, stream: int, output_token_ids: Sequence[int]) -> _Stream | None:
         st = self._streams.get(stream)
         if st is None:
-            st = self._streams[stream] = _Stream(active=self.start_after is None)
+            prefix = JsonPrefix() if self.schema is None else SchemaPrefix(self.schema)
+            st = self._streams[stream] = _Stream(prefix, active=self.start_after is None)
         for tok in output_token_ids[st.num_read :]:
             if not st.active:
                 st.active = tok == self.start_after

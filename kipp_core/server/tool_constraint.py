@@ -30,13 +30,19 @@ class _Stream:
     phase: int = _NAME
     text: str = ""  # what the current fixed-text part has read
     args_start: int = 0  # index of the arguments' first output token
+    name: int = 0  # which of the names the call took
 
 
 class ToolCallConstraint:
     """One request's forced tool call, per completion stream."""
 
     def __init__(
-        self, table: TokenTable, names: Sequence[str], end_token: int, opened: bool = False
+        self,
+        table: TokenTable,
+        names: Sequence[str],
+        end_token: int,
+        opened: bool = False,
+        schemas: Sequence | None = None,
     ):
         self.table = table
         self.opened = opened  # the prompt already holds the opening: the output starts at _ARGS
@@ -47,7 +53,8 @@ class ToolCallConstraint:
             for n in names
         ]
         self.end_token = end_token  # </tool_call>
-        self.args = JsonConstraint(table)
+        # each name's arguments: one JSON object, held to its parameters' schema if given
+        self.args = [JsonConstraint(table, schema=sc) for sc in (schemas or [None] * len(names))]
         self._streams: dict[int, _Stream] = {}
 
     def allowed(
@@ -64,7 +71,7 @@ class ToolCallConstraint:
                 m, [o[len(st.text) :] for o in self.openings if o.startswith(st.text)]
             )
         elif st.phase == _ARGS:
-            m |= self.args.allowed(stream, output_token_ids[st.args_start :], ())
+            m |= self.args[st.name].allowed(stream, output_token_ids[st.args_start :], ())
         elif st.phase == _CLOSE:
             self._allow_prefixes(m, [_CLOSING[len(st.text) :]])
         elif st.phase == _END_TOKEN:
@@ -85,9 +92,10 @@ class ToolCallConstraint:
         if st.phase == _NAME:
             st.text += text
             if st.text in self.openings:
+                st.name = self.openings.index(st.text)
                 st.phase, st.text, st.args_start = _ARGS, "", i + 1
         elif st.phase == _ARGS:
-            if self.args.read(stream, out[st.args_start : i + 1]):
+            if self.args[st.name].read(stream, out[st.args_start : i + 1]):
                 st.phase = _CLOSE
         elif st.phase == _CLOSE:
             st.text += text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import openai
 import pytest
 
@@ -276,3 +277,74 @@ def test_bad_chat_parameters_name_the_parameter(client, body, param):
     with pytest.raises(openai.BadRequestError) as e:  # extra_body overrides what it names
         client.chat.completions.create(model="kipp-tiny", messages=user("hi"), extra_body=body)
     assert e.value.body["param"] == param
+
+
+STRICT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "nights": {"type": "integer"},
+                "view": {"enum": ["sea", "park"]},
+            },
+            "required": ["city", "nights", "view"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def closing_bias(tok) -> dict:
+    # the random model closes each string as soon as it opens (keys come from the masks)
+    return {str(tok.encode('"')[0]): 100}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "book"}}])
+def test_forced_tool_call_arguments_follow_the_parameters_schema(client, tok, choice):
+    """A forced call's arguments are held to the tool's parameters: every required key, keys
+    only from properties, an integer, an enum member; the jsonschema package checks them."""
+    for seed in range(2):
+        whole, stream = both(
+            client,
+            messages=user("book it"),
+            tools=[STRICT_TOOL, *TOOLS],
+            tool_choice=choice,
+            max_tokens=120,
+            logit_bias=closing_bias(tok),
+            seed=seed,
+        )
+        [call] = whole.message.tool_calls
+        if choice != "required":
+            assert call.function.name == "book"
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in [STRICT_TOOL, *TOOLS]}
+        jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+        assert [v[1:] for v in stream["calls"].values()] == [
+            [call.function.name, call.function.arguments]
+        ]
+
+
+def test_json_schema_response_format(client, tok):
+    """response_format json_schema: the answer is a document the jsonschema package validates,
+    through both paths; a schema outside the subset is a 400 naming response_format."""
+    schema = STRICT_TOOL["function"]["parameters"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "booking", "schema": schema}}
+    kw = {"chat_template_kwargs": {"enable_thinking": False}}
+    for seed in range(2):
+        whole, stream = both(
+            client,
+            messages=user("book it"),
+            response_format=fmt,
+            max_tokens=120,
+            logit_bias=closing_bias(tok),
+            seed=seed,
+            extra_body=kw,
+        )
+        jsonschema.validate(json.loads(whole.message.content), schema)
+        assert stream["content"] == whole.message.content and whole.finish_reason == "stop"
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "tuple"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="kipp-tiny", messages=user("x"), response_format=bad)
+    assert e.value.body["param"] == "response_format" and "tuple" in e.value.body["message"]
