@@ -128,9 +128,16 @@ def _union(nodes: list):
     return Union(tuple(sorted(by.items())))
 
 
-def compile_schema(schema, root=None, depth: int = 0):
+MAX_NODES = 10_000  # a schema whose $refs expand past this many nodes is refused
+
+
+def compile_schema(schema, root=None, depth: int = 0, budget: list | None = None):
     """The node of a JSON schema (a dict, or True/False). ValueError names what is wrong."""
     root = schema if root is None else root
+    budget = [MAX_NODES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError(f"schema expands to more than {MAX_NODES} nodes")
     if depth > 64:
         raise ValueError("schema nests (or refers to itself) more than 64 levels deep")
     if schema is True or schema == {}:
@@ -138,7 +145,7 @@ def compile_schema(schema, root=None, depth: int = 0):
     if not isinstance(schema, dict):
         raise ValueError(f"a schema must be an object or a boolean, got {schema!r:.60}")
     if "$ref" in schema:
-        return compile_schema(_resolve(schema["$ref"], root), root, depth + 1)
+        return compile_schema(_resolve(schema["$ref"], root), root, depth + 1, budget)
     if "const" in schema:
         return Lit((_text(schema["const"]),))
     if "enum" in schema:
@@ -151,10 +158,12 @@ def compile_schema(schema, root=None, depth: int = 0):
             alts = schema[key]
             if not isinstance(alts, list) or not alts:
                 raise ValueError(f"{key} must be a non-empty list")
-            return _union([compile_schema(a, root, depth + 1) for a in alts])
+            return _union([compile_schema(a, root, depth + 1, budget) for a in alts])
     kind = schema.get("type")
     if isinstance(kind, list):
-        return _union([compile_schema({**schema, "type": k}, root, depth + 1) for k in kind])
+        return _union(
+            [compile_schema({**schema, "type": k}, root, depth + 1, budget) for k in kind]
+        )
     if kind is None:
         if "properties" in schema:
             kind = "object"
@@ -173,14 +182,16 @@ def compile_schema(schema, root=None, depth: int = 0):
         extra = schema.get("additionalProperties", True)
         if missing and extra is False:
             raise ValueError(f"required names {missing[0]!r}, which properties lacks")
-        nodes = tuple((_text(k), compile_schema(v, root, depth + 1)) for k, v in props.items())
-        additional = None if extra is False else compile_schema(extra, root, depth + 1)
+        nodes = tuple(
+            (_text(k), compile_schema(v, root, depth + 1, budget)) for k, v in props.items()
+        )
+        additional = None if extra is False else compile_schema(extra, root, depth + 1, budget)
         return Obj(nodes, frozenset(_text(r) for r in required), additional)
     if kind == "array":
         lo, hi = schema.get("minItems", 0), schema.get("maxItems")
         if not isinstance(lo, int) or (hi is not None and (not isinstance(hi, int) or hi < lo)):
             raise ValueError("minItems and maxItems must be integers with minItems <= maxItems")
-        return Arr(compile_schema(schema.get("items", True), root, depth + 1), lo, hi)
+        return Arr(compile_schema(schema.get("items", True), root, depth + 1, budget), lo, hi)
     if kind == "string":
         return Str()
     if kind in ("integer", "number"):

@@ -128,6 +128,20 @@ def test_integers_take_no_fraction_and_arrays_keep_their_bounds():
         ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems"),
         ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "64 levels"),
         ([1], "object or a boolean"),
+        (  # a DAG of refs that doubles at each of 20 levels
+            {
+                "$defs": {
+                    f"d{i}": {
+                        "type": "array",
+                        "items": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2},
+                    }
+                    for i in range(20)
+                }
+                | {"d20": {"type": "integer"}},
+                "$ref": "#/$defs/d0",
+            },
+            "nodes",
+        ),
     ],
 )
 def test_bad_schemas_say_why(schema, message):
