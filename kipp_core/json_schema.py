@@ -3,13 +3,13 @@
 
 `compile_schema` turns the subset that structured outputs use into immutable nodes: `type`
 (one or a list), `properties` / `required` / `additionalProperties`, `items` / `minItems` /
-`maxItems`, `enum` / `const`, `anyOf` / `oneOf` and local `$ref`s ("#/$defs/..." or
-"#/definitions/..."). Alternatives are told apart by their first character (`{`, `[`, `"`, a
-digit, `t`/`f`, `n`); two of the same kind merge into that kind unconstrained (any object, any
-string, ...). Keywords outside the subset (patterns, lengths, numeric bounds, formats) are not
-enforced. `SchemaPrefix` has `JsonPrefix`'s interface, so `TokenTable.mask` builds its masks:
-object keys come only from `properties` (unless `additionalProperties` allows more), each once,
-and an object closes only when its required keys are in.
+`maxItems`, `enum` / `const`, `anyOf` / `oneOf`, a one-schema `allOf` and local `$ref`s
+("#/$defs/..." or "#/definitions/..."). Alternatives are told apart by their first character
+(`{`, `[`, `"`, a digit, `t`/`f`, `n`); two of the same kind merge into that kind unconstrained
+(any object, any string, ...). Keywords outside the subset (patterns, lengths, numeric bounds,
+formats) are not enforced. `SchemaPrefix` has `JsonPrefix`'s interface, so `TokenTable.mask`
+builds its masks: object keys come only from `properties` (unless `additionalProperties` allows
+more), each once, and an object closes only when its required keys are in.
 
 Text is read one character at a time (Latin-1 views of UTF-8 bytes, as json_constraint.py reads
 tokens); the state is one immutable, hashable tuple, so masks cache by it.
@@ -153,6 +153,12 @@ def compile_schema(schema, root=None, depth: int = 0, budget: list | None = None
         if not isinstance(values, list) or not values:
             raise ValueError("enum must be a non-empty list")
         return Lit(tuple(dict.fromkeys(_text(v) for v in values)))
+    if "allOf" in schema:  # pydantic's [{"$ref": ...}] around a field with a description
+        parts = schema["allOf"]
+        if not isinstance(parts, list) or len(parts) != 1:
+            raise ValueError("allOf is supported with exactly one schema")
+        rest = {k: v for k, v in schema.items() if k != "allOf"}
+        return compile_schema({**rest, **parts[0]}, root, depth + 1, budget)
     for key in ("anyOf", "oneOf"):
         if key in schema:
             alts = schema[key]
@@ -161,6 +167,8 @@ def compile_schema(schema, root=None, depth: int = 0, budget: list | None = None
             return _union([compile_schema(a, root, depth + 1, budget) for a in alts])
     kind = schema.get("type")
     if isinstance(kind, list):
+        if not kind:
+            raise ValueError("type must not be an empty list")
         return _union(
             [compile_schema({**schema, "type": k}, root, depth + 1, budget) for k in kind]
         )

@@ -128,6 +128,8 @@ def test_integers_take_no_fraction_and_arrays_keep_their_bounds():
         ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems"),
         ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "64 levels"),
         ([1], "object or a boolean"),
+        ({"type": []}, "empty"),
+        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf"),
         (  # a DAG of refs that doubles at each of 20 levels
             {
                 "$defs": {
@@ -149,7 +151,59 @@ def test_bad_schemas_say_why(schema, message):
         compile_schema(schema)
 
 
+def test_a_one_schema_allof_is_that_schema():
+    """pydantic wraps a described $ref field as allOf: [{"$ref": ...}]."""
+    schema = {
+        "$defs": {"U": {"enum": ["C", "F"]}},
+        "type": "object",
+        "properties": {"unit": {"allOf": [{"$ref": "#/$defs/U"}], "description": "the unit"}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    }
+    node = compile_schema(schema)
+    for text in ('{"unit": "C"}', '{"unit": "K"}', '{"unit": 1}'):
+        assert _accepts(node, text, whole=True) == _valid(schema, text), text
+
+
 def test_what_compiles_to_what():
     assert compile_schema({}) is ANY and compile_schema(True) is ANY
     obj = compile_schema({"properties": {"a": {}}})  # no type, but properties: an object
     assert isinstance(obj, Obj) and obj.props == (('"a"', ANY),) and obj.additional is ANY
+
+
+def test_pydantic_schemas_compile_and_agree_with_jsonschema():
+    """Schemas as pydantic writes them ($defs, $ref, allOf, anyOf with null, enums, titles and
+    defaults), the usual source of response_format schemas."""
+    import enum
+    from typing import Literal
+
+    import pydantic
+
+    class Unit(str, enum.Enum):
+        c = "C"
+        f = "F"
+
+    class Place(pydantic.BaseModel):
+        city: str
+        country: str | None = None
+
+    class Forecast(pydantic.BaseModel):
+        place: Place = pydantic.Field(description="where")
+        unit: Unit = Unit.c
+        days: list[int] = pydantic.Field(max_length=3)
+        kind: Literal["daily", "hourly"]
+
+    schema = Forecast.model_json_schema()
+    node = compile_schema(schema)
+    docs = [
+        '{"place": {"city": "Oslo"}, "days": [1, 2], "kind": "daily"}',
+        '{"place": {"city": "Oslo", "country": null}, "unit": "F", "days": [], "kind": "hourly"}',
+        '{"place": {"city": "Oslo"}, "days": [1, 2, 3, 4], "kind": "daily"}',
+        '{"place": {"city": "Oslo"}, "unit": "K", "days": [1], "kind": "daily"}',
+        '{"place": {"country": "NO"}, "days": [1], "kind": "daily"}',
+        '{"place": {"city": "Oslo"}, "days": [1.5], "kind": "daily"}',
+        '{"place": {"city": "Oslo"}, "days": [1], "kind": "weekly"}',
+    ]
+    for text in docs:
+        assert _accepts(node, text, whole=False) == _valid(schema, text), text
+    assert sum(_valid(schema, t) for t in docs) == 2
