@@ -14,8 +14,8 @@ import json
 
 import triton
 
-from kipp_cuda.kernels import affine_matmul as am
-from kipp_cuda.kernels import q8_0_matmul as qm
+from kipp_cuda.kernels import affine_gemv as ag
+from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels.sass import AFFINE_SIG, Q8_SIG, loop_sass
 
 
@@ -36,8 +36,8 @@ def main() -> None:
         common = dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=1, PDL=True, ASM=True, PREFETCH=False)
         for on in modes:
             for name, fn, sig, extra in (
-                ("q8_0", qm._q8_0_gemv_kernel, Q8_SIG, {}),
-                ("affine4", am._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
+                ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),
+                ("affine4", ag._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
             ):
                 ops, regs = loop_sass(fn, sig, {**common, **extra, "INT_X": on}, nw)
                 n = sum(ops.values())

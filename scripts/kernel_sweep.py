@@ -16,8 +16,10 @@ import torch
 import triton
 
 import kipp_cuda.kernels.decode_attention as da
+from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import dense_gemv as dg
+from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels.matmul_tiles import pick_split_k
 
@@ -209,9 +211,9 @@ def q8(rows, shapes):
             "q8_0",
             name,
             nbytes,
-            qm.gemv_config(N, K // 32, x.device),
+            qg.gemv_config(N, K // 32, x.device),
             weights,
-            lambda qs, d, c, x=x: qm.q8_0_gemv(x, qs, d, c),
+            lambda qs, d, c, x=x: qg.q8_0_gemv(x, qs, d, c),
             lambda x=x, w=weights[0]: qm.q8_0_matmul_ref(x, *w),
         )
 
@@ -233,9 +235,9 @@ def affine4(rows, shapes):
             "affine4",
             name,
             nbytes,
-            am.gemv_config(N, K // 32, 32, x.device),
+            ag.gemv_config(N, K // 32, 32, x.device),
             weights,
-            lambda wq, s, b, c, x=x: am.affine_gemv(x, wq, s, b, 4, 32, c),
+            lambda wq, s, b, c, x=x: ag.affine_gemv(x, wq, s, b, 4, 32, c),
             lambda x=x, w=weights[0]: am.affine_matmul_ref(x, *w, 4, 32),
         )
 

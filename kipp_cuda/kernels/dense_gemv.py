@@ -3,7 +3,7 @@
 cuBLAS picks GEMM tilings for M = 1 that read a 0.6B layer's weights at about a quarter of the
 H200's bandwidth (profile in BENCHMARKS.md). Here a program owns BLOCK_N full rows, walks K in
 BLOCK_K steps with the next step's loads issued before this step's math, and sums in fp32; small
-row counts split K (deterministic, see q8_0_matmul.store_tile) so that every SM streams.
+row counts split K (deterministic, see matmul_tiles.store_tile) so that every SM streams.
 
 With `act=True`, x is a gate_up output [1, 2K] and the kernel multiplies by silu(gate) * up,
 rounded to x's dtype as silu_and_mul rounds it: the decode step's down_proj needs no separate
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_tile
+from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_row
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -70,23 +70,7 @@ def _dense_gemv_kernel(
         x = _gemv_x(x_ptr, rk, rk < k_end, K, ACT)
         acc += w.to(tl.float32) * x[None, :]
         w = nw
-    out = tl.sum(acc, axis=1)[None, :]
-    store_tile(
-        out,
-        out_ptr,
-        part_ptr,
-        lock_ptr,
-        tl.arange(0, 1),
-        rn,
-        1,
-        N,
-        0,
-        pid_n,
-        pid_k,
-        1,
-        BLOCK_N,
-        SPLIT_K,
-    )
+    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
 
 
 def gemv_config(N: int, K: int, device: torch.device) -> dict:

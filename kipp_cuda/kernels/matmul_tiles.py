@@ -53,6 +53,28 @@ def store_tile(
 
 
 @triton.jit
+def store_row(
+    acc,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    rn,
+    N,
+    pid_n,
+    pid_k,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """A one-token GEMV's [BLOCK_N, K step] fp32 products summed over K into out's row block rn
+    (store_tile's split-K protocol with one row)."""
+    out = tl.sum(acc, axis=1)[None, :]
+    store_tile(
+        out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k, 1,
+        BLOCK_N, SPLIT_K,
+    )  # fmt: skip
+
+
+@triton.jit
 def tile_ids(pid, T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Grouped ordering: GROUP_M row tiles walk the columns together, so weight tiles are reused
     from L2 while they are hot."""
@@ -127,6 +149,13 @@ def launch_options(cfg: dict, x_dtype: torch.dtype) -> dict:
     if cfg.get("maxnreg"):
         opts["maxnreg"] = cfg["maxnreg"]
     return opts
+
+
+def gemv_rows(N: int, device: torch.device) -> int:
+    """Rows a GEMV program owns: 8, or 4 when that leaves fewer programs than SMs."""
+    if interpreting():  # few, large programs keep the CPU interpreter quick
+        return 32
+    return 8 if triton.cdiv(N, 8) >= num_sms(device) else 4
 
 
 def pick_split_k(

@@ -2,24 +2,15 @@
 
 qs: int8 [N, K]; d: fp16 [N, K / 32]; w[n, k] = qs[n, k] * d[n, k // 32] (ggml q8_0). Accumulation
 is fp32; the output has x's dtype. Two kernels, chosen by T:
-- T == 1 (decode of one sequence): `_q8_0_gemv_kernel`, a weight-streaming GEMV on CUDA cores. A
-  program owns BLOCK_N rows and walks K in [BLOCK_N, BLOCK_G] tiles whose element (n, g), group g
-  of row n (8 int32 words and a scale), sits in one thread: two 16-byte asm loads (bits.py), so
-  no step needs a layout change through shared memory, and a thread's rows share their groups'
-  x. Each byte becomes an exact fp32 with a shift and a LOP3 (bits.py); each group's scale
-  applies to its 32-element sum. The tuned table picks, per shape, whether the next tile's loads
-  go out before this tile's math (PREFETCH) or more programs share an SM, and may cap registers
-  (maxnreg); split-K when the rows alone leave SMs idle. With INT_X (bf16/fp16 x; the tuned
-  table or KIPP_CUDA_INT_X), x becomes int16 per group and dp2a multiplies it with the int8
-  weights directly (bits.py), about 1.5 instructions a weight against 3.8.
+- T == 1 (decode of one sequence): q8_0_gemv.py, a weight-streaming GEMV on CUDA cores.
 - T > 1: `_q8_0_matmul_kernel`, tl.dot on tiles dequantized to the activation dtype (bf16 rounding
   of w, like bf16 weights). For T <= 16 a 16-row tile with split-K keeps the weights streaming
   (tensor cores make 2..16 tokens cost what one does); for prefill, 64/128/256-row tiles with
   grouped ordering for L2 reuse.
 Split-K partials are summed in a fixed order by the last program of each tile (a per-tile counter
 taken with an acq_rel atomic), so results are deterministic and need no second launch.
-Neither kernel converts with the quarter-rate I2F: the tl.dot kernel goes through the float bits
-of 2**23 (int8_to_float), the GEMV through bits.py.
+The tl.dot kernel converts without the quarter-rate I2F, through the float bits of 2**23
+(int8_to_float).
 """
 
 from __future__ import annotations
@@ -28,33 +19,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kipp_core.quant import QK8_0
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import (
-    aligned_x,
-    byte_dot8,
-    dot2,
-    load_scalar,
-    load_words,
-    load_x8,
-    quant_x16,
-    sum8,
-)
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
-    gemv_launch,
     interpreting,
-    launch_options,
-    num_sms,
     pick_split_k,
     split_k_buffers,
     store_tile,
     tile_ids,
 )
-from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
-from kipp_cuda.kernels.tuned import tuned_config
+from kipp_cuda.kernels.q8_0_gemv import q8_0_gemv
 
-QK8_0 = 32
 GEMV_MAX_T = 1  # larger T goes to the tl.dot kernel (16-row tiles up to T = 16)
 SKINNY_MAX_T = 16
 _MAGIC = tl.constexpr(0x4B000000)  # the float bits of 2**23
@@ -69,98 +46,6 @@ def int8_to_float(b):
     # [0, 255], and the float with bits 0x4B000000 | u is 2**23 + u exactly.
     u = b.to(tl.uint8, bitcast=True).to(tl.int32) ^ (_MAGIC | 0x80)
     return u.to(tl.float32, bitcast=True) - 8388736.0  # 2**23 + 128
-
-
-@triton.jit
-def _q8_0_gemv_tile(w_rows, d_rows, g, ASM: tl.constexpr):
-    # Group g of each row: its 8 int32 words (32 int8, two 16-byte loads) and fp16 scale.
-    w = w_rows + g[None, :] * 8
-    a = load_words(w, ASM)
-    b = load_words(w + 4, ASM)
-    return a + b, load_scalar(d_rows + g[None, :], ASM)
-
-
-@triton.jit
-def _q8_0_gemv_kernel(
-    x_ptr,
-    qw_ptr,
-    d_ptr,
-    out_ptr,
-    part_ptr,
-    lock_ptr,
-    N,
-    num_groups,
-    groups_per_split,
-    stride_qn,
-    stride_dn,
-    BLOCK_N: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr,
-    ASM: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    INT_X: tl.constexpr,
-):
-    # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
-    # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
-    # layout change; a thread's elements share groups, so their x is loaded and summed once.
-    # Rows past N read row N - 1 and groups past the split read its last group (masked out).
-    pdl_trigger(PDL)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rg = tl.arange(0, BLOCK_G)
-    rows = tl.minimum(rn, N - 1).to(tl.int64)
-    w_rows = qw_ptr + rows[:, None] * stride_qn
-    d_rows = d_ptr + rows[:, None] * stride_dn
-    g_start = pid_k * groups_per_split
-    g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    if PREFETCH:
-        w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
-    acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-    pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    for g0 in range(g_start, g_end, BLOCK_G):
-        if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
-            nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
-        else:  # one tile in flight a program, more programs an SM (fewer registers)
-            w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
-        g = tl.minimum(g0 + rg, g_end - 1)
-        if INT_X:  # x as int16, two dp2a a word (bits.py)
-            xq, xs, _ = quant_x16(x_ptr, g * 32, False, ASM)
-            dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
-            for j in tl.static_range(8):
-                dot = dot2(xq[2 * j][None, :], w[j], dot, False, False, ASM)
-                dot = dot2(xq[2 * j + 1][None, :], w[j], dot, True, False, ASM)
-            part = dot.to(tl.float32) * (d.to(tl.float32) * xs[None, :])
-        else:
-            xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-            x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
-            for j in tl.static_range(4):  # 8 values of x and 2 words at a time
-                x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
-                x_sum += sum8(x)
-                xf += byte_dot8(w[2 * j], w[2 * j + 1], x, True, ASM)
-            # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
-            part = (xf - 3.0 * x_sum[None, :]) * (d.to(tl.float32) * 128.0)
-        acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
-        if PREFETCH:
-            w, d = nw, nd
-    out = tl.sum(acc, axis=1)[None, :]
-    store_tile(
-        out,
-        out_ptr,
-        part_ptr,
-        lock_ptr,
-        tl.arange(0, 1),
-        rn,
-        1,
-        N,
-        0,
-        pid_n,
-        pid_k,
-        1,
-        BLOCK_N,
-        SPLIT_K,
-    )
 
 
 @triton.jit(do_not_specialize=["T"])  # the token count changes every step
@@ -291,75 +176,6 @@ def matmul_config(
         split = pick_split_k(device, num_tiles, triton.cdiv(K, cfg["BLOCK_K"]))
     cfg["SPLIT_K"] = split
     return cfg
-
-
-def gemv_rows(N: int, device: torch.device) -> int:
-    """Rows a GEMV program owns: 8, or 4 when that leaves fewer programs than SMs."""
-    if interpreting():  # few, large programs keep the CPU interpreter quick
-        return 32
-    return 8 if triton.cdiv(N, 8) >= num_sms(device) else 4
-
-
-def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
-    """BLOCK_N rows x BLOCK_G groups a K step: 16 x 64 with one tile in flight a program (the
-    fastest single config over the 8B shapes in the sixth session's sweep, 218.6 us summed
-    against 208.0 for each shape's best), 4 rows when N is small. Shapes in the tuned table
-    (scripts/kernel_sweep.py) skip this."""
-    tuned = None if interpreting() else tuned_config("q8_0", N, num_groups * QK8_0)
-    if tuned is not None:
-        return tuned
-    bn, bg = 16, 64
-    if interpreting():  # few, large programs keep the CPU interpreter quick
-        bn, bg = 32, 16
-    elif triton.cdiv(N, bn) < num_sms(device):
-        bn = 4
-    bg = min(bg, triton.next_power_of_2(num_groups))
-    split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
-    # (the interpreter keeps the prefetching loop, which the CPU gates then run through)
-    return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
-
-
-def q8_0_gemv(
-    x: torch.Tensor,
-    qs: torch.Tensor,
-    d: torch.Tensor,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-    asm: bool | None = None,
-) -> torch.Tensor:
-    """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
-    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
-    N, K = qs.shape
-    if out is None:
-        out = torch.empty((1, N), dtype=x.dtype, device=x.device)
-    num_groups = K // QK8_0
-    cfg = config or gemv_config(N, num_groups, x.device)
-    grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
-    if qs.stride(0) % 16 or qs.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
-        qs = qs.clone()
-    x = aligned_x(x)
-    pdl = launch_kwargs(x.device)
-    _q8_0_gemv_kernel[grid](
-        x,
-        qs.view(torch.int32),
-        d,
-        out,
-        part,
-        locks,
-        N,
-        num_groups,
-        per_split,
-        qs.stride(0) // 4,
-        d.stride(0),
-        BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_G=cfg["BLOCK_G"],
-        SPLIT_K=cfg["SPLIT_K"],
-        PDL=bool(pdl),
-        ASM=not interpreting() if asm is None else asm,
-        **launch_options(cfg, x.dtype),
-        **pdl,
-    )
-    return out
 
 
 def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:

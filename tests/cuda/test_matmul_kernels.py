@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from kipp_core.quant import dequantize_affine, dequantize_q8_0, quantize_affine, quantize_q8_0
+from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
+from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels.matmul_tiles import int_x
 from tests.cuda.kernel_testing import (
@@ -60,7 +62,7 @@ def test_q8_0_matmul(dtype, T, N, K):
 def test_q8_0_split_k_is_deterministic_and_rearms_its_counters():
     qs, d, w64 = q8_weights(5, 4096, seed=3)
     x = randn(1, 4096, seed=15)
-    assert qm.gemv_config(5, 128, torch.device(DEV))["SPLIT_K"] > 1
+    assert qg.gemv_config(5, 128, torch.device(DEV))["SPLIT_K"] > 1
     first = run(qm._q8_0_matmul_op, x, qs, d)
     for _ in range(2):
         assert torch.equal(run(qm._q8_0_matmul_op, x, qs, d), first)
@@ -181,11 +183,11 @@ def test_quantized_gemv_launch_options(cfg):
     N, K = 37, 1216  # 38 groups
     qs, d, w64 = q8_weights(N, K, seed=12)
     x = randn(1, K, dtype=torch.bfloat16, seed=13)
-    close(run(qm.q8_0_gemv, x, qs, d, cfg), x.double().cpu() @ w64.T, torch.bfloat16)
+    close(run(qg.q8_0_gemv, x, qs, d, cfg), x.double().cpu() @ w64.T, torch.bfloat16)
     for bits in (4, 8):
         wq, s, b, w64 = affine_weights(N, K, bits, 32, seed=14, sdtype=torch.bfloat16)
         close(
-            run(am.affine_gemv, x, wq, s, b, bits, 32, cfg),
+            run(ag.affine_gemv, x, wq, s, b, bits, 32, cfg),
             x.double().cpu() @ w64.T,
             torch.bfloat16,
         )
@@ -213,15 +215,15 @@ def test_quantized_gemv_int16_x_error_within_its_bound(dtype):
     x[0, 40] = 50.0
     cfg = dict(BLOCK_N=8, BLOCK_G=8, SPLIT_K=1, num_warps=4, PREFETCH=False, INT_X=True)
     exact, bound = int16_x_bound(x, w64)
-    got = run(qm.q8_0_gemv, x, qs, d, cfg, f32(N)).double().cpu()[0]
+    got = run(qg.q8_0_gemv, x, qs, d, cfg, f32(N)).double().cpu()[0]
     assert ((got - exact[0]).abs() <= bound).all()
     assert (got - exact[0]).abs().max() > 1e-3 * bound.max()  # the path did quantize x
-    off = run(qm.q8_0_gemv, x, qs, d, {**cfg, "INT_X": False}, f32(N)).double().cpu()[0]
+    off = run(qg.q8_0_gemv, x, qs, d, {**cfg, "INT_X": False}, f32(N)).double().cpu()[0]
     same_sums(off, exact[0])
     for bits in (4, 8):
         wq, s, b, w64 = affine_weights(N, K, bits, 32, seed=23, sdtype=dtype)
         exact, bound = int16_x_bound(x, w64)
-        got = run(am.affine_gemv, x, wq, s, b, bits, 32, cfg, f32(N)).double().cpu()[0]
+        got = run(ag.affine_gemv, x, wq, s, b, bits, 32, cfg, f32(N)).double().cpu()[0]
         assert ((got - exact[0]).abs() <= bound).all(), bits
 
 
@@ -235,8 +237,8 @@ def test_quantized_gemv_int16_x_passes_nan_and_inf_on():
     for bad in (float("nan"), float("inf")):
         x = randn(1, K, dtype=torch.bfloat16, seed=26)
         x[0, 77] = bad
-        assert qm.q8_0_gemv(x, qs, d, cfg).isnan().all()
-        assert am.affine_gemv(x, wq, s, b, 4, 32, cfg).isnan().all()
+        assert qg.q8_0_gemv(x, qs, d, cfg).isnan().all()
+        assert ag.affine_gemv(x, wq, s, b, 4, 32, cfg).isnan().all()
 
 
 def test_int_x_is_chosen_by_config_or_environment(monkeypatch):
@@ -262,12 +264,12 @@ def test_quantized_gemv_takes_unaligned_views():
     qs_view = torch.zeros(N * K + 1, dtype=torch.int8, device=DEV)[1:].view(N, K)
     qs_view.copy_(qs)
     want = qm.q8_0_matmul_ref(x, qs, d)
-    close(run(qm.q8_0_gemv, x, qs_view, d), want, torch.bfloat16)
+    close(run(qg.q8_0_gemv, x, qs_view, d), want, torch.bfloat16)
     wq, s, b, _ = affine_weights(N, K, 4, 32, seed=11, sdtype=torch.bfloat16)
     wq_view = torch.zeros(N * K // 8 + 1, dtype=torch.int32, device=DEV)[1:].view(N, K // 8)
     wq_view.copy_(wq)
     close(
-        run(am.affine_gemv, x, wq_view, s, b, 4, 32),
+        run(ag.affine_gemv, x, wq_view, s, b, 4, 32),
         am.affine_matmul_ref(x, wq, s, b, 4, 32),
         torch.bfloat16,
     )
@@ -301,7 +303,7 @@ def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
         for on in (False, True):  # the exact fp32 path, then int16 x with dp2a
             cfg = dict(BLOCK_N=8, BLOCK_G=16, SPLIT_K=split, num_warps=4, INT_X=on)
             # fp32 outputs whatever x is: the sums before any rounding to x's dtype
-            fast, plain = (qm.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
+            fast, plain = (qg.q8_0_gemv(x, qs, d, cfg, out=f32(N), asm=a) for a in (True, False))
             same_sums(fast, plain)
             close(fast, qm.q8_0_matmul_ref(x, qs, d), dtype)
             for bits, gs in ((4, 32), (8, 32), (4, 128)):
@@ -314,7 +316,7 @@ def test_gpu_quantized_gemv_lop3_path_equals_integer_path(dtype):
                     gs,
                 )
                 fast, plain = (
-                    am.affine_gemv(x, *args, cfg, out=f32(N), asm=a) for a in (True, False)
+                    ag.affine_gemv(x, *args, cfg, out=f32(N), asm=a) for a in (True, False)
                 )
                 same_sums(fast, plain)
                 close(fast, am.affine_matmul_ref(x, *args), dtype)
