@@ -1,5 +1,5 @@
 """`response_format: json_object` (or `json_schema`): which token ids keep the output a prefix of
-one JSON object (or of a value valid for the schema, kipp_core/json_schema.py).
+one JSON object (or of a value valid for the schema, kipp_core/schema_prefix.py).
 
 Tokens are read as bytes in Latin-1, one character per byte: JSON's structure is ASCII, and every
 byte >= 0x80 is part of a multi-byte character, which JSON allows only inside strings. Latin-1
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kipp_core.json_prefix import JsonPrefix, State
-from kipp_core.json_schema import SchemaPrefix
+from kipp_core.schema_prefix import SchemaPrefix
 from kipp_core.tokenizer import Tokenizer
 
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+\Z')

@@ -10,7 +10,8 @@ import json
 import jsonschema
 import pytest
 
-from kipp_core.json_schema import ANY, Obj, SchemaPrefix, compile_schema
+from kipp_core.json_schema import ANY, Obj, compile_schema
+from kipp_core.schema_prefix import SchemaPrefix
 
 PERSON = {
     "type": "object",

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from kipp_core.json_prefix import JsonPrefix
-from kipp_core.json_schema import SchemaPrefix, compile_schema
+from kipp_core.json_schema import compile_schema
 from kipp_core.registry import IM_END_ID
+from kipp_core.schema_prefix import SchemaPrefix
 from kipp_core.server.json_constraint import MAX_WS_RUN, JsonConstraint, TokenTable
 from kipp_core.tokenizer import Tokenizer
 
