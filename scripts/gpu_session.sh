@@ -18,8 +18,10 @@
 #           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
-#   intx, intxab  the int16-x quantized GEMVs (eighth session, not yet run on a GPU): tests, sweep
-#           into the tuned table, 8B decode; then the exact path against it in one run
+#   intx, intxab, intx3  the int16-x quantized GEMVs (eighth session's kernel, ninth session's
+#           calls): tests, sweep into the tuned table, 8B decode; the exact path against it in
+#           one run; the table against the seventh session's, the last GPU tests, prompt 128; the
+#           committed table's affine4 against the seventh session's
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -305,16 +307,49 @@ intx)  # eighth session's kernel, first call of the next session: int16-x GEMV t
   timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_matmul_kernels.py \
     -k "gpu or int16 or int_x" 2>&1 | tee "$OUT/tests_intx.log" | grep -E "passed|failed|FAIL|Error" | tail -8
   step "sweep q8_0, affine4 at 8B shapes: exact path (INT_X off) against the int16-x grid"
-  timeout 200 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --write-configs \
+  timeout 380 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --write-configs \
     --json "$OUT/sweep_intx.json" 2>&1 | tee "$OUT/sweep_intx.log" | grep -E -A1 "default|wrote|Error" | cut -c1-160
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
-  decode8 b8x 80
+  [ "$SECONDS" -lt 400 ] && QUANTS="q8_0 affine4" decode8 b8x 80
   ;;
 intxab)  # after intx, with its table committed: 8B q8_0/affine4 decode on the exact path
-  # (KIPP_CUDA_INT_X=0) against the table's int16-x configs, bf16 as the ratio's base, same run
+  # (KIPP_CUDA_INT_X=0) against the table's int16-x configs, bf16 as the ratio's base, same run;
+  # first the GPU tests intx's time limit cut off (dp2a PTX against its emulation, dense GEMVs)
+  step "GPU tests: inline PTX against the plain path (int16 x on), dense GEMVs"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 150 tests/cuda/test_matmul_kernels.py \
+    -k "lop3 or gpu_dense_gemv" 2>&1 | tee "$OUT/tests_intxab.log" | grep -E "passed|failed|FAIL|Error" | tail -8
   decode8 b8t 80
   step "the exact path (KIPP_CUDA_INT_X=0)"
   KIPP_CUDA_INT_X=0 QUANTS="q8_0 affine4" decode8 b8e 80
+  ;;
+intx3)  # ninth session's last call: q8_0 decode with the seventh session's table (exact path) between
+  # two runs of the int16-x table, the remaining GPU tests, then 8B decode at a 128-token prompt
+  new=kipp_cuda/kernels/configs/h200_gemv.json
+  cp "$new" /tmp/intx_table.json
+  QUANTS=q8_0 decode8 b8n1 70
+  cp benchmarks/h200-2026-11-30h/h200_gemv_seventh.json "$new"
+  step "the seventh session's table"
+  QUANTS=q8_0 decode8 b8old 70
+  cp /tmp/intx_table.json "$new"
+  QUANTS=q8_0 decode8 b8n2 70
+  step "GPU tests: int16-x GEMVs in a bf16 model, inline PTX with fp16 x, dense GEMVs"
+  t=tests/cuda/test_matmul_kernels.py
+  timeout 300 python -m pytest -q -p no:cacheprovider --timeout 250 \
+    "$t::test_gpu_quantized_gemv_lop3_path_equals_integer_path[fp16]" "$t::test_gpu_dense_gemv_qwen3_shapes" \
+    tests/cuda/test_backend.py::test_gpu_int16_x_gemvs_in_the_model 2>&1 | tee "$OUT/tests_intx3.log" \
+    | grep -E "passed|failed|FAIL|Error" | tail -8
+  decode8 b8s 70 128
+  ;;
+intx4)  # ninth session: the committed table (affine4 on int16 x, q8_0 exact) against the seventh
+  # session's for affine4, the final table twice around it, then bf16 as the ratio's base
+  new=kipp_cuda/kernels/configs/h200_gemv.json
+  cp "$new" /tmp/intx_table.json
+  QUANTS=affine4 decode8 b8f1 120
+  cp benchmarks/h200-2026-11-30h/h200_gemv_seventh.json "$new"
+  step "the seventh session's table"
+  QUANTS=affine4 decode8 b8old 70
+  cp /tmp/intx_table.json "$new"
+  QUANTS="affine4 q8_0 none" decode8 b8f2 90
   ;;
 final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
   # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts

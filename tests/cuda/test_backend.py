@@ -58,6 +58,27 @@ def test_quantize_at_load_equals_stored_checkpoint(scheme, make_checkpoint, tmp_
     assert nmse(stored, forward(load_weights(Checkpoint(src)), ids)) <= QUANT_NMSE[scheme]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bf16 GEMV kernels)")
+@pytest.mark.parametrize("scheme", ["q8_0", "affine4"])
+def test_gpu_int16_x_gemvs_in_the_model(scheme, make_checkpoint, tmp_path, monkeypatch):
+    """The int16-x GEMVs (bits.py) inside a whole bf16 model. One token a chunk, so every position
+    runs the one-token GEMVs over its cached context; the logits stay within the bf16 gate (NMSE
+    1e-3) of the oracle on the dequantized checkpoint, with int16 x on and off."""
+    from kipp_core.quantize_checkpoint import quantize_checkpoint
+
+    src = make_checkpoint(small_config(vocab_size=1024), seed=8, dtype="float32")
+    quantize_checkpoint(Checkpoint(src), tmp_path / "q", scheme)
+    ids = np.random.default_rng(1).integers(0, 1024, size=40).tolist()
+    ref = forward(load_weights(Checkpoint(tmp_path / "q")), ids)
+    got = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("KIPP_CUDA_INT_X", flag)
+        llm = LLM(str(tmp_path / "q"), backend="cuda", dtype="bfloat16", max_num_batched_tokens=1)
+        got[flag] = llm.logits(ids)
+        assert nmse(got[flag], ref) <= 1e-3, flag
+    assert not np.array_equal(got["0"], got["1"])  # the switch took a different path
+
+
 def test_q8_0_kv_cache_bound_and_placement_invariance(tiny_path):
     f = LLM(str(tiny_path), backend="cuda", dtype="float32")
     q = LLM(str(tiny_path), backend="cuda", dtype="float32", kv_quant="q8_0")
