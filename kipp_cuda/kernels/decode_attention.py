@@ -369,6 +369,10 @@ def _paged_decode_attention_kernel(
         )
     pdl_wait(PDL)  # q and this step's K/V come from the kernel before
     if ONE_SPLIT:
+        live = ctx >= 0  # always: an empty sequence (a padded batch slot) still writes zeros
+    else:
+        live = start < ctx  # a split past the sequence attends to nothing
+    if live:
         acc, m_i, l_i = _attend_run(
             q_ptr,
             k_cache_ptr,
@@ -403,62 +407,36 @@ def _paged_decode_attention_kernel(
             PRECISION,
             PREFETCH,
         )
-        # An empty sequence (a padded batch slot) leaves l_i == 0: write zeros, not NaN.
+        # An empty sequence leaves l_i == 0: write zeros, not NaN.
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=g_mask[:, None],
-        )
-    else:
-        lse_ptrs = mid_lse_ptr + b * stride_lb + heads * stride_lh + split
-        if start < ctx:
-            acc, m_i, l_i = _attend_run(
-                q_ptr,
-                k_cache_ptr,
-                v_cache_ptr,
-                k_scale_ptr,
-                v_scale_ptr,
-                bt_row,
-                b,
-                h,
-                heads,
-                g_mask,
-                start,
-                end,
-                ctx,
-                k_pre,
-                v_pre,
-                qk_scale,
-                stride_qb,
-                stride_qh,
-                stride_cb,
-                stride_cs,
-                stride_ch,
-                stride_sb,
-                stride_ss,
-                stride_sh,
-                BLOCK_G,
-                HEAD_DIM,
-                BLOCK_N,
-                PAGE_SIZE,
-                IS_Q8,
-                DOT_DTYPE,
-                PRECISION,
-                PREFETCH,
+        if ONE_SPLIT:
+            tl.store(
+                out_ptr + b * stride_ob + heads[:, None] * stride_oh + rd[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=g_mask[:, None],
             )
+        else:
             tl.store(
                 mid_o_ptr
                 + b * stride_mb
                 + heads[:, None] * stride_mh
                 + split * stride_ms
                 + rd[None, :],
-                acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
+                o,
                 mask=g_mask[:, None],
             )
-            tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=g_mask)
-        else:  # past the sequence: an empty partial, weight 0 in the merge
-            tl.store(lse_ptrs, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=g_mask)
+            tl.store(
+                mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
+                m_i + tl.math.log2(l_i),
+                mask=g_mask,
+            )
+    elif not ONE_SPLIT:  # past the sequence: an empty partial, weight 0 in the merge
+        tl.store(
+            mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
+            tl.full((BLOCK_G,), float("-inf"), tl.float32),
+            mask=g_mask,
+        )
+    if not ONE_SPLIT:
         if FUSED_MERGE:
             # As matmul_tiles.store_tile: every thread's partial is stored before the barrier,
             # the one atomic releases them all and acquires everyone else's; its old value,
