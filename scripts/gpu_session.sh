@@ -21,8 +21,7 @@
 #   intx, intxab, intx3  the int16-x quantized GEMVs (eighth session's kernel, ninth session's
 #           calls): tests, sweep into the tuned table, 8B decode; the exact path against it in
 #           one run; the table against the seventh session's, the last GPU tests, prompt 128; the
-#           committed table's affine4 against the seventh session's; early: the GEMVs' first
-#           tile before the PDL wait against after it (KIPP_CUDA_GEMV_EARLY)
+#           committed table's affine4 against the seventh session's
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KIPP_HOME=/tmp/kipp TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -351,16 +350,6 @@ intx4)  # ninth session: the committed table (affine4 on int16 x, q8_0 exact) ag
   QUANTS=affine4 decode8 b8old 70
   cp /tmp/intx_table.json "$new"
   QUANTS="affine4 q8_0 none" decode8 b8f2 90
-  ;;
-early)  # ninth session: the quantized GEMVs' first tile loaded before the PDL wait (EARLY) against
-  # after it, 8B q8_0 and affine4 decode in one call, then EARLY = plain bit for bit
-  KIPP_CUDA_GEMV_EARLY=0 QUANTS=q8_0 decode8 b8e0 100
-  KIPP_CUDA_GEMV_EARLY=1 QUANTS=q8_0 decode8 b8e1 40
-  KIPP_CUDA_GEMV_EARLY=1 QUANTS=affine4 decode8 b8e1 50
-  KIPP_CUDA_GEMV_EARLY=0 QUANTS=affine4 decode8 b8e0 40
-  step "GPU test: EARLY equals plain"
-  timeout 60 python -m pytest -q -p no:cacheprovider tests/cuda/test_matmul_kernels.py -k early_gemv \
-    2>&1 | tee "$OUT/tests_early.log" | grep -E "passed|failed|FAIL|Error" | tail -4
   ;;
 final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
   # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts

@@ -69,7 +69,6 @@ def _affine_gemv_kernel(
     PDL: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
-    EARLY: tl.constexpr,
     INT_X: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
@@ -87,7 +86,7 @@ def _affine_gemv_kernel(
     b_rows = b_ptr + rows[:, None] * stride_bn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    if PREFETCH or EARLY:
+    if PREFETCH:
         w, s, b = _affine_gemv_tile(
             w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1), WPG, ASM
         )
@@ -98,7 +97,7 @@ def _affine_gemv_kernel(
             nw, ns, nb = _affine_gemv_tile(
                 w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM
             )
-        elif not EARLY:  # one tile in flight a program, more programs an SM (fewer registers)
+        else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, s, b = _affine_gemv_tile(
                 w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1), WPG, ASM
             )
@@ -131,11 +130,6 @@ def _affine_gemv_kernel(
             )
         if PREFETCH:
             w, s, b = nw, ns, nb
-        elif EARLY:  # one tile in flight, the next one's loads after this one's math
-            if g0 + BLOCK_G < g_end:
-                w, s, b = _affine_gemv_tile(
-                    w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM
-                )
     store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
 
 

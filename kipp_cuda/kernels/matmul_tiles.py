@@ -137,22 +137,12 @@ def int_x(cfg: dict, x_dtype: torch.dtype) -> bool:
     return on and x_dtype != torch.float32
 
 
-def early(cfg: dict) -> bool:
-    """Whether a quantized GEMV without PREFETCH still issues its first tile's loads before its
-    PDL wait (the next tile's after each tile's math, one in flight): where its config says EARLY,
-    or everywhere with KIPP_CUDA_GEMV_EARLY=1 and nowhere with 0. PREFETCH configs always do."""
-    forced = os.environ.get("KIPP_CUDA_GEMV_EARLY", "")
-    return cfg.get("EARLY", False) if forced not in ("0", "1") else forced == "1"
-
-
 def launch_options(cfg: dict, x_dtype: torch.dtype) -> dict:
     """A quantized GEMV config's launch options: PREFETCH (the next K step's loads in flight
-    during this one's math; default on), EARLY (early), INT_X (int_x), num_warps, and maxnreg
-    where the tuned table caps registers for occupancy."""
-    prefetch = cfg.get("PREFETCH", True)
+    during this one's math; default on), INT_X (int_x), num_warps, and maxnreg where the tuned
+    table caps registers for occupancy."""
     opts = dict(
-        PREFETCH=prefetch,
-        EARLY=early(cfg) and not prefetch,
+        PREFETCH=cfg.get("PREFETCH", True),
         INT_X=int_x(cfg, x_dtype),
         num_warps=cfg["num_warps"],
     )

@@ -69,7 +69,6 @@ def _q8_0_gemv_kernel(
     PDL: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
-    EARLY: tl.constexpr,
     INT_X: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
@@ -86,14 +85,14 @@ def _q8_0_gemv_kernel(
     d_rows = d_ptr + rows[:, None] * stride_dn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    if PREFETCH or EARLY:
+    if PREFETCH:
         w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
             nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
-        elif not EARLY:  # one tile in flight a program, more programs an SM (fewer registers)
+        else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
         if INT_X:  # x as int16, two dp2a a word (bits.py)
@@ -115,11 +114,6 @@ def _q8_0_gemv_kernel(
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
-        elif EARLY:  # one tile in flight, the next one's loads after this one's math
-            if g0 + BLOCK_G < g_end:
-                w, d = _q8_0_gemv_tile(
-                    w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM
-                )
     store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
 
 

@@ -13,8 +13,7 @@ from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
-from kipp_cuda.kernels.matmul_tiles import int_x, launch_options
-from kipp_cuda.kernels.tuned import tuned_config
+from kipp_cuda.kernels.matmul_tiles import int_x
 from tests.cuda.kernel_testing import (
     DEV,
     DTYPES,
@@ -175,16 +174,12 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj, int16_x, monkeypatch):
         dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False),
         dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False),
         dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
-        dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False, EARLY=True),
-        dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False, EARLY=True),
-        dict(BLOCK_N=4, BLOCK_G=64, SPLIT_K=1, num_warps=4, PREFETCH=False, EARLY=True),
     ],
-    ids=["one-tile", "one-tile-split3", "prefetch-split2", "early", "early-split3", "early-1step"],
+    ids=["one-tile", "one-tile-split3", "prefetch-split2"],
 )
 def test_quantized_gemv_launch_options(cfg):
-    """The tuned table's launch options (PREFETCH off: one tile in flight a program; EARLY: its
-    first tile's loads before the PDL wait) on masked rows, a K split that leaves a short last
-    split, groups that do not fill a K step, and a single K step."""
+    """The tuned table's launch options (PREFETCH off: one tile in flight a program) on masked
+    rows, a K split that leaves a short last split, and groups that do not fill a K step."""
     N, K = 37, 1216  # 38 groups
     qs, d, w64 = q8_weights(N, K, seed=12)
     x = randn(1, K, dtype=torch.bfloat16, seed=13)
@@ -288,49 +283,6 @@ def same_sums(a, b):
 
 def f32(N):
     return torch.empty((1, N), dtype=torch.float32, device=DEV)
-
-
-def test_early_is_chosen_by_config_or_environment(monkeypatch):
-    """EARLY: off unless the config or KIPP_CUDA_GEMV_EARLY turns it on; PREFETCH configs load
-    their first tile before the PDL wait anyway, so they never take it."""
-    monkeypatch.delenv("KIPP_CUDA_GEMV_EARLY", raising=False)
-    bf16 = torch.bfloat16
-    one = dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False)
-    assert not launch_options(one, bf16)["EARLY"]
-    assert launch_options({**one, "EARLY": True}, bf16)["EARLY"]
-    assert not launch_options({**one, "EARLY": True, "PREFETCH": True}, bf16)["EARLY"]
-    monkeypatch.setenv("KIPP_CUDA_GEMV_EARLY", "1")
-    assert launch_options(one, bf16)["EARLY"]
-    monkeypatch.setenv("KIPP_CUDA_GEMV_EARLY", "0")
-    assert not launch_options({**one, "EARLY": True}, bf16)["EARLY"]
-
-
-@gpu
-@pytest.mark.parametrize("proj", ["qkv", "down"])
-def test_gpu_early_gemv_loads_equal_plain(proj):
-    """EARLY moves loads, not math: at the 8B shapes with their tuned configs, the q8_0 and
-    affine4 GEMVs give the same bits with it and without it."""
-    N, K = bench.linear_shapes()["8B"][proj]
-    w = (torch.randn(N, K, generator=gen(27)) * 0.02).numpy()
-    qs, d = (torch.from_numpy(a).to(DEV) for a in quantize_q8_0(w))
-    packed, s, b = quantize_affine(w, 4, 32)
-    args = (
-        torch.from_numpy(packed.view(np.int32)).to(DEV),
-        torch.from_numpy(s).to(DEV, torch.bfloat16),
-        torch.from_numpy(b).to(DEV, torch.bfloat16),
-        4,
-        32,
-    )
-    x = randn(1, K, dtype=torch.bfloat16, seed=28)
-    for family, call in (
-        ("q8_0", lambda c: qg.q8_0_gemv(x, qs, d, c)),
-        ("affine4", lambda c: ag.affine_gemv(x, *args, c)),
-    ):
-        cfg = {**(tuned_config(family, N, K) or {}), "PREFETCH": False}
-        if "BLOCK_N" not in cfg:
-            pytest.skip(f"no tuned {family} config for {N} x {K}")
-        plain, early_ = (call({**cfg, "EARLY": e}) for e in (False, True))
-        assert torch.equal(plain, early_), family
 
 
 @gpu
