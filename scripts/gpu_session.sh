@@ -94,7 +94,8 @@ diag)
   step "prefill host profile"
   timeout 120 python scripts/profile_prefill.py 2>&1 | tee "$OUT/profile_prefill.log" | head -150
   step "decode kernel sweep"
-  timeout 330 python scripts/kernel_sweep.py --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
+  timeout 230 python scripts/kernel_sweep.py --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
+  timeout 100 python scripts/attention_sweep.py --json "$OUT/attn.json" 2>&1 | tee "$OUT/attn.log"
   ;;
 profile)
   step profile 0.6B decode
@@ -203,7 +204,7 @@ attn)
   timeout 120 python -m pytest -q -p no:cacheprovider --timeout 100 tests/cuda \
     -k "gpu_graph_paths" 2>&1 | tail -2
   step "decode attention variants at the default split count"
-  timeout 150 python scripts/kernel_sweep.py --only attn --quick --json "$OUT/attn.json" 2>&1 \
+  timeout 150 python scripts/attention_sweep.py --only attn --quick --json "$OUT/attn.json" 2>&1 \
     | tee "$OUT/attn.log" | cut -c1-100
   # This machine's copy only: set the module defaults to the variant fastest at 2k context
   # summed over 0.6B and 8B (the same edit is committed afterwards, with these numbers).
@@ -400,7 +401,7 @@ attnb)
   timeout 200 python -m pytest -q -p no:cacheprovider --timeout 120 tests/cuda/test_backend.py \
     tests/cuda/test_attention_kernels_gpu.py -k "decode or pdl" 2>&1 | tail -1
   step "decode attention at batch 256"
-  timeout 240 python scripts/kernel_sweep.py --only attn_b256 --json "$OUT/attn_b256.json" 2>&1 \
+  timeout 240 python scripts/attention_sweep.py --only attn_b256 --json "$OUT/attn_b256.json" 2>&1 \
     | tee "$OUT/attn_b256.log" | cut -c1-120
   python - "$OUT/attn_b256.json" <<'PY'
 import json, re, sys

@@ -1,8 +1,9 @@
-"""Sweep the decode kernels' launch configurations at Qwen3 shapes, timed inside CUDA graphs (the
-regime the decode step runs in: launch gaps included, host overhead excluded). Prints, per shape,
-the default configuration's time and the best ones; `--json` keeps every row.
+"""Sweep the decode GEMVs' and small kernels' launch configurations at Qwen3 shapes, timed inside
+CUDA graphs (the regime the decode step runs in: launch gaps included, host overhead excluded).
+Prints, per shape, the default configuration's time and the best ones; `--json` keeps every row.
 
-python scripts/kernel_sweep.py [--only dense,q8_0,affine4,attn,small] [--json out.json]
+python scripts/kernel_sweep.py [--only dense,q8_0,affine4,small] [--json out.json]
+(decode attention: scripts/attention_sweep.py)
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import math
 import torch
 import triton
 
-import kipp_cuda.kernels.decode_attention as da
 from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import dense_gemv as dg
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
+from kipp_cuda.kernels.bench import rotating
 from kipp_cuda.kernels.matmul_tiles import pick_split_k
 
-QUICK = False  # --quick: attention at the default split count only
 SHAPES = {  # (N, K) of each decode linear
     "0.6B qkv": (4096, 1024),
     "0.6B o": (1024, 2048),
@@ -70,6 +70,19 @@ def graph_us(fn, reps: int = 20, iters: int = 10) -> float:
     return a.elapsed_time(b) * 1e3 / (iters * reps)
 
 
+def timed(cfg: dict, fn, ref: torch.Tensor, nbytes: int, **graph_kw) -> dict:
+    """One config's row: fn() checked against `ref` first (rel err < 2e-2), then timed by
+    graph_us; a config that fails to compile or computes wrong is reported with its error."""
+    try:
+        err = ((fn().float() - ref.float()).norm() / ref.float().norm()).item()
+        if not err < 2e-2:
+            raise AssertionError(f"wrong result, rel err {err:.2e}")
+        us = graph_us(fn, **graph_kw)
+    except Exception as e:  # noqa: BLE001 - a failing config is reported, not fatal
+        return {"cfg": cfg, "error": str(e)[:120]}
+    return {"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3}
+
+
 def sweep(
     rows: list,
     family: str,
@@ -81,19 +94,7 @@ def sweep(
     check,
 ) -> None:
     ref = check()
-    results = []
-    for cfg in [default, *grid]:
-        try:
-            fn = make_fn(cfg)
-            got = fn()
-            err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
-            if not err < 2e-2:
-                raise AssertionError(f"wrong result, rel err {err:.2e}")
-            us = graph_us(fn)
-        except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped
-            results.append({"cfg": cfg, "error": str(e)[:120]})
-            continue
-        results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
+    results = [timed(cfg, make_fn(cfg), ref, nbytes) for cfg in [default, *grid]]
     ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
     d = results[0]
     print(
@@ -164,10 +165,10 @@ def quant_grid(N: int, K: int) -> list[dict]:
 
 
 def rotated(make, nbytes: int) -> list:
-    """Identical copies of a shape's weights, enough (200 MB) that a graph of back-to-back calls
-    streams each from HBM, not from the 50 MB L2 (the decode step's regime)."""
+    """Identical copies of a shape's weights, enough (bench.rotating) that a graph of back-to-back
+    calls streams each from HBM, not from the 50 MB L2 (the decode step's regime)."""
     first = make()
-    return [first] + [tuple(t.clone() for t in first) for _ in range(-(-200_000_000 // nbytes) - 1)]
+    return [first] + [tuple(t.clone() for t in first) for _ in range(rotating(nbytes) - 1)]
 
 
 def rotating_call(call, weights: list):
@@ -242,156 +243,6 @@ def affine4(rows, shapes):
         )
 
 
-def attn(rows):
-    """Decode attention at batch 1 in a graph made for max_model_len 40960 (as the runner's), per
-    variant of the merge (fused into the attention kernel, or a merge kernel after it), of whether
-    the first K/V tile is loaded before the PDL wait, and of num_warps: the default split count,
-    then the best and worst of a grid of split lengths and counts."""
-    saved = {k: getattr(da, k) for k in ("MIN_TILES_PER_SPLIT", "PREFETCH_KV", "NUM_WARPS")}
-    try:
-        for model, (hq, hkv) in {"0.6B": (16, 8), "8B": (32, 8)}.items():
-            for ctx in (2048, 8192):
-                _attn_shape(rows, model, hq, hkv, ctx, saved["MIN_TILES_PER_SPLIT"])
-    finally:
-        for k, v in saved.items():
-            setattr(da, k, v)
-
-
-def _attn_shape(rows, model: str, hq: int, hkv: int, ctx: int, default_min_tiles: int) -> None:
-    page, D = 32, 128
-    nb = ctx // page
-    kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(nb, device="cuda").to(torch.int32)[None]
-    lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
-    q = torch.randn(1, hq, D, dtype=torch.bfloat16, device="cuda")
-    a = (q, kc, vc, bt, lens, D**-0.5)
-    ref = da.paged_decode_attention_ref(*a).float()
-    nbytes = 2 * ctx * hkv * D * 2
-    grid = [(default_min_tiles, None)]  # the default: num_splits_for's count
-    if not QUICK:
-        grid += itertools.product((1, 2, 4), (8, 16, 32, 64, 128))
-    for fused, prefetch, warps in itertools.product((False, True), (True, False), (2, 4, 8)):
-        merge = "fused" if fused else "unfused"
-        da.PREFETCH_KV, da.NUM_WARPS = prefetch, warps
-        results = []
-        for min_tiles, splits in grid:
-            da.MIN_TILES_PER_SPLIT = min_tiles
-            cfg = {
-                "merge": merge,
-                "prefetch": prefetch,
-                "num_warps": warps,
-                "MIN_TILES": min_tiles,
-                "splits": splits,
-            }
-            fn = lambda s=splits, f=fused: da._paged_decode_attention_op(  # noqa: E731
-                *a, max_context_len=40960, num_splits=s, fused_merge=f
-            )
-            try:
-                err = ((fn().float() - ref).norm() / ref.norm()).item()
-                if not err < 2e-2:
-                    raise AssertionError(f"wrong result, rel err {err:.2e}")
-                us = graph_us(fn)
-            except Exception as e:  # noqa: BLE001 - a failing config is reported, not fatal
-                results.append({"cfg": cfg, "error": str(e)[:120]})
-                continue
-            results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
-        d = results[0]
-        ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"]) or [
-            {"us": math.nan, "gbs": 0, "cfg": None}
-        ]
-        print(
-            f"attn     {model} ctx {ctx:5} {merge:7} prefetch={int(prefetch)} warps={warps} "
-            f"default {d.get('us', math.nan):7.2f} us {d.get('gbs', 0):6.0f} GB/s; "
-            f"best {ok[0]['us']:7.2f} us {ok[0]['gbs']:6.0f} GB/s {ok[0]['cfg']}; "
-            f"worst {ok[-1]['us']:.2f}" + (f"; error {d['error']}" if "error" in d else "")
-        )
-        rows.append(
-            {
-                "family": "attn",
-                "shape": f"{model} ctx {ctx} {merge} prefetch={prefetch} warps={warps}",
-                "bytes": nbytes,
-                "results": results,
-            }
-        )
-
-
-def attn_batch(rows):
-    """Decode attention at batch 256 (the throughput regime): 0.6B heads, contexts drawn from 200
-    to 1,500 tokens, each sequence on its own shuffled blocks, one split. Times every tile size,
-    warp count, pipelining depth and first-tile prefetch; bytes are the KV read."""
-    saved = {k: getattr(da, k) for k in ("BLOCK_N", "PREFETCH_KV", "NUM_WARPS", "NUM_STAGES")}
-    page, D, hq, hkv, B = 32, 128, 16, 8, 256
-    gen = torch.Generator().manual_seed(0)
-    lens = torch.randint(200, 1501, (B,), generator=gen)
-    per_seq = (int(lens.max()) + page - 1) // page
-    nb = B * per_seq
-    kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(nb, device="cuda").to(torch.int32).view(B, per_seq)
-    ctx = lens.to(torch.int32).cuda()
-    q = torch.randn(B, hq, D, dtype=torch.bfloat16, device="cuda")
-    a = (q, kc, vc, bt, ctx, D**-0.5)
-    ref = da.paged_decode_attention_ref(*a).float()
-    nbytes = int(lens.sum()) * hkv * D * 2 * 2
-    results = []
-    try:
-        for block_n, warps, stages, prefetch in itertools.product(
-            (32, 64, 128), (2, 4, 8), (1, 2, 3), (True, False)
-        ):
-            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.PREFETCH_KV = (
-                block_n,
-                warps,
-                stages,
-                prefetch,
-            )
-            cfg = {
-                "BLOCK_N": block_n,
-                "num_warps": warps,
-                "num_stages": stages,
-                "prefetch": prefetch,
-            }
-            fn = lambda: da._paged_decode_attention_op(*a, max_context_len=1500)  # noqa: E731
-            try:
-                err = ((fn().float() - ref).norm() / ref.norm()).item()
-                if not err < 2e-2:
-                    raise AssertionError(f"wrong result, rel err {err:.2e}")
-                us = graph_us(fn, reps=5, iters=5)
-            except Exception as e:  # noqa: BLE001 - a failing config is reported, not fatal
-                results.append({"cfg": cfg, "error": str(e)[:120]})
-                continue
-            results.append({"cfg": cfg, "us": us, "gbs": nbytes / us / 1e3})
-    finally:
-        for k, v in saved.items():
-            setattr(da, k, v)
-    default = next(
-        r
-        for r in results
-        if r["cfg"]
-        == {
-            "BLOCK_N": saved["BLOCK_N"],
-            "num_warps": saved["NUM_WARPS"],
-            "num_stages": saved["NUM_STAGES"],
-            "prefetch": saved["PREFETCH_KV"],
-        }
-    )
-    ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
-    print(
-        f"attn_b256 0.6B heads, {nbytes / 1e9:.2f} GB of KV: default "
-        f"{default.get('us', math.nan):8.1f} us {default.get('gbs', 0):6.0f} GB/s"
-    )
-    for r in ok[:5]:
-        print(f"{'':24} best {r['us']:8.1f} us {r['gbs']:6.0f} GB/s {r['cfg']}")
-    rows.append(
-        {
-            "family": "attn_b256",
-            "shape": "0.6B B=256 ctx 200-1500",
-            "bytes": nbytes,
-            "results": results,
-        }
-    )
-
-
 def small(rows):
     from kipp_cuda.kernels.qk_norm_rope import _qk_norm_rope_op, rope_cos_sin_cache
     from kipp_cuda.kernels.rms_norm import _rms_norm_op
@@ -439,18 +290,15 @@ def small(rows):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--only", default="small,attn,dense,q8_0,affine4")
+    p.add_argument("--only", default="small,dense,q8_0,affine4")
     p.add_argument("--shapes", default="", help="comma-separated name substrings, e.g. '0.6B,8B '")
     p.add_argument("--json", default=None)
-    p.add_argument("--quick", action="store_true", help="attn: only the default split count")
     p.add_argument(
         "--write-configs",
         action="store_true",
         help=f"merge each GEMV shape's fastest config into {TUNED}",
     )
     args = p.parse_args()
-    global QUICK
-    QUICK = args.quick
     torch.manual_seed(0)
     triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
     picks = args.shapes.split(",")  # any of these substrings; "" takes every shape
@@ -459,8 +307,6 @@ def main() -> None:
     only = args.only.split(",")
     for name, fn in (
         ("small", lambda: small(rows)),
-        ("attn", lambda: attn(rows)),
-        ("attn_b256", lambda: attn_batch(rows)),
         ("dense", lambda: dense(rows, shapes)),
         ("q8_0", lambda: q8(rows, shapes)),
         ("affine4", lambda: affine4(rows, shapes)),

@@ -40,8 +40,8 @@ BLOCK_N = 64  # KV positions per tile (two 32-token pages)
 MIN_TILES_PER_SPLIT = 2  # a split reads at least 128 positions (H200 sweep: 2k and 8k contexts)
 MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
-# splits still cost a launch slot and a merge read, so more is slower (scripts/kernel_sweep.py)
-FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/kernel_sweep.py
+# splits still cost a launch slot and a merge read, so more is slower (scripts/attention_sweep.py)
+FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
 # -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
 # do not (only their context-length load moved before the wait; batch 256 not re-measured)
@@ -50,7 +50,7 @@ MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
 # 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
-NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/kernel_sweep.py)
+NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/attention_sweep.py)
 LOG2E = 1.4426950408889634
 
 
