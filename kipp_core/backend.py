@@ -43,6 +43,14 @@ class SeqInput:
     score_targets: list[int] | None = None
     num_score_logprobs: int = 0
     return_logits: bool = False  # return the raw logits of every row (tests, `LLM.logits`)
+    # The prompt-end cache (kipp_core.prompt_end), for backends with `num_hidden_slots`:
+    # keep the last row's final hidden state in this slot after the step;
+    save_hidden: int | None = None
+    # or, with token_ids empty, run no layers: copy block copy_block[0]'s K/V into
+    # copy_block[1] (before anything this step writes) and sample from this slot's hidden state
+    # (return_logits: that one row's logits).
+    cached_hidden: int | None = None
+    copy_block: tuple[int, int] | None = None
 
 
 @dataclass
@@ -81,7 +89,8 @@ class BackendOptions:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the engine needs from a backend. `num_blocks` x `block_size` tokens of KV."""
+    """What the engine needs from a backend. `num_blocks` x `block_size` tokens of KV. A backend
+    may also offer `num_hidden_slots` > 0: SeqInput.save_hidden / cached_hidden are then used."""
 
     config: ModelConfig
     block_size: int

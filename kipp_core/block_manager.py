@@ -3,7 +3,8 @@
 A full block is published under a hash chained over its tokens and its parent's hash. A hit is
 verified by comparing the token ids themselves and the parent link (block id and generation), so a
 hash collision can never serve another prompt's KV. Unreferenced cached blocks stay reusable until
-they are evicted, least recently used first; blocks that hold no published content go first.
+they are evicted, least recently used first; blocks that hold no published content go first, and
+the tail blocks of prompt-end entries (kipp_core.prompt_end) last.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kipp_core.prompt_end import PromptEnd, PromptEnds
 from kipp_core.sequence import Sequence
 
 
@@ -22,10 +24,17 @@ class Block:
     hash: int | None = None
     token_ids: tuple[int, ...] | None = None
     parent: tuple[int, int] | None = None  # (block_id, generation) of the previous block
+    end_key: int | None = None  # the prompt-end entry whose tail this block holds
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        num_hidden_slots: int = 0,
+    ):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(
                 f"need num_blocks > 0 and block_size > 0, got {num_blocks}, {block_size}"
@@ -36,14 +45,16 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free_plain: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+        self._free_end: OrderedDict[int, None] = OrderedDict()  # tails of prompt-end entries
         self._by_hash: dict[int, int] = {}
         self._chain: dict[int, list[int]] = {}  # seq_id -> hashes of its published full blocks
         self.hit_tokens = 0
         self.query_tokens = 0
+        self.ends = PromptEnds(num_hidden_slots)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_plain) + len(self._free_cached)
+        return len(self._free_plain) + len(self._free_cached) + len(self._free_end)
 
     @property
     def num_used_blocks(self) -> int:
@@ -58,12 +69,14 @@ class BlockManager:
     def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
         return hash((parent_hash, token_ids))
 
-    def match_prefix(self, seq: Sequence) -> list[int]:
-        """Verified cached blocks for the start of `seq`, leaving at least one token to compute."""
+    def match_prefix(self, seq: Sequence, limit: int | None = None) -> list[int]:
+        """Verified cached blocks for the start of `seq`, leaving at least one token to compute
+        (or at most `limit` blocks)."""
         if not self.enable_prefix_caching or seq.wants_prompt_logprobs:
             return []
         bs = self.block_size
-        limit = (seq.num_tokens - 1) // bs
+        if limit is None:
+            limit = (seq.num_tokens - 1) // bs
         hits: list[int] = []
         parent_hash, parent = None, None
         tokens = seq.token_ids
@@ -81,13 +94,30 @@ class BlockManager:
         return hits
 
     def allocate_prefix(self, seq: Sequence) -> None:
-        """At admission: take the verified cached prefix blocks and count them as computed."""
+        """At admission: take the verified cached prefix blocks and count them as computed. A
+        prompt-end hit takes every token: the tail block is copied (seq.cached_end)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        hits = self.match_prefix(seq)
+        full = seq.num_tokens // self.block_size
+        hits = self.match_prefix(seq, full if self.ends.entries else None)
+        end = self._match_end(seq, hits) if len(hits) == full else None
+        if end is None:
+            hits = hits[: (seq.num_tokens - 1) // self.block_size]
         for bid in hits:
             self._take(bid)
         seq.block_table = list(hits)
+        if end is not None and end.block is not None:
+            src = end.block
+            self._take(src)  # the copy's source must not be handed out as its target
+            if self.num_free_blocks:
+                seq.block_table.append(self._pop_free())
+            else:
+                end = None  # no block for the copy: compute the tail instead
+            self._release(src)
         seq.num_computed_tokens = len(hits) * self.block_size
+        if end is not None:
+            seq.num_computed_tokens = seq.num_tokens
+            dst = seq.block_table[-1] if end.block is not None else None
+            seq.cached_end = (end.slot, end.block, dst)
         seq.num_cached_tokens = seq.num_computed_tokens
         self._chain[seq.seq_id] = [self.blocks[b].hash for b in hits]
 
@@ -96,6 +126,7 @@ class BlockManager:
         if self.enable_prefix_caching:
             self.hit_tokens += seq.num_cached_tokens
             self.query_tokens += seq.num_tokens
+            self.ends.hits += seq.cached_end is not None
 
     def publish(self, seq: Sequence) -> None:
         """Publish the blocks that `seq` has filled since the last call."""
@@ -135,44 +166,110 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         # Reverse order: a prompt's tail is evicted before its head, which more requests share.
         for bid in reversed(seq.block_table):
-            b = self.blocks[bid]
-            b.ref_count -= 1
-            assert b.ref_count >= 0, f"block {bid} freed twice"
-            if b.ref_count == 0:
-                (self._free_cached if b.hash is not None else self._free_plain)[bid] = None
+            self._release(bid)
         seq.block_table = []
+        seq.cached_end = None
         self._chain.pop(seq.seq_id, None)
+        self.ends.unreserve(seq.seq_id)
+
+    def _release(self, bid: int) -> None:
+        b = self.blocks[bid]
+        b.ref_count -= 1
+        assert b.ref_count >= 0, f"block {bid} freed twice"
+        if b.ref_count == 0:
+            self._pool(b)[bid] = None
+
+    def _pool(self, b: Block) -> OrderedDict[int, None]:
+        if b.end_key is not None:
+            return self._free_end
+        return self._free_cached if b.hash is not None else self._free_plain
 
     def _take(self, bid: int) -> None:
         b = self.blocks[bid]
         if b.ref_count == 0:
-            self._free_cached.pop(bid, None)
-            self._free_plain.pop(bid, None)
+            self._pool(b).pop(bid, None)
         b.ref_count += 1
 
     def _pop_free(self) -> int:
-        if self._free_plain:
-            bid, _ = self._free_plain.popitem(last=False)
-        else:
-            bid, _ = self._free_cached.popitem(last=False)
-            self._evict(self.blocks[bid])
-        self.blocks[bid].ref_count = 1
+        for pool in (self._free_plain, self._free_cached, self._free_end):
+            if pool:
+                bid, _ = pool.popitem(last=False)
+                break
+        self.blocks[bid].ref_count = 1  # first: dropping its prompt end must not free it again
+        self._evict(self.blocks[bid])
         return bid
 
     def _evict(self, b: Block) -> None:
+        if b.end_key is not None:
+            self._drop_end(self.ends.entries[b.end_key])
         if b.hash is not None and self._by_hash.get(b.hash) == b.block_id:
             del self._by_hash[b.hash]
-        b.hash, b.token_ids, b.parent = None, None, None
         b.generation += 1
+        b.hash, b.token_ids, b.parent = None, None, None
 
     def reset_prefix_cache(self) -> None:
+        for e in list(self.ends.entries.values()):
+            self._drop_end(e)
         for bid in list(self._free_cached):
             self._evict(self.blocks[bid])
             self._free_plain[bid] = None
         self._free_cached.clear()
+
+    # -- prompt-end cache (kipp_core.prompt_end) ------------------------------------------------
+
+    def reserve_end(self, seq: Sequence, num_tokens: int) -> int | None:
+        """A hidden-state slot for the step that finishes seq's first `num_tokens` tokens (its
+        prompt), or None. The entry is published after that step (publish_end)."""
+        if not self.enable_prefix_caching or num_tokens < self.block_size:
+            return None
+        return self.ends.reserve(seq.seq_id, num_tokens, self._drop_end)
+
+    def publish_end(self, seq: Sequence) -> None:
+        """After the step that saved the hidden state of seq's last prompt row: publish it, with
+        the block holding the tail. Needs the full blocks published first (publish)."""
+        r = self.ends.reserved.pop(seq.seq_id, None)
+        if r is None:
+            return
+        slot, n = r
+        bs, chain = self.block_size, self._chain.get(seq.seq_id, [])
+        full = n // bs
+        tail = tuple(seq.token_ids[full * bs : n])
+        parent = self._link(chain[full - 1]) if full and len(chain) >= full else None
+        key = self.ends.key(chain[full - 1] if full else None, tail)
+        b = self.blocks[seq.block_table[full]] if tail else None
+        if (full and parent is None) or key in self.ends.entries or (b and b.end_key is not None):
+            self.ends.free_slots.append(slot)
+            return
+        self.ends.entries[key] = PromptEnd(key, tail, parent, b.block_id if b else None, slot)
+        if b is not None:
+            b.end_key = key
+
+    def _link(self, h: int) -> tuple[int, int] | None:
+        bid = self._by_hash.get(h)
+        return None if bid is None else (bid, self.blocks[bid].generation)
+
+    def _match_end(self, seq: Sequence, hits: list[int]) -> PromptEnd | None:
+        """The verified entry for all of seq's tokens, given its full blocks' verified hits."""
+        if not self.ends.entries or seq.wants_prompt_logprobs:
+            return None
+        bs = self.block_size
+        tail = tuple(seq.token_ids[len(hits) * bs :])
+        last = self.blocks[hits[-1]] if hits else None
+        parent = (last.block_id, last.generation) if last else None
+        return self.ends.lookup(self.ends.key(last.hash if last else None, tail), tail, parent)
+
+    def _drop_end(self, e: PromptEnd) -> None:
+        self.ends.remove(e)
+        if e.block is not None:
+            b = self.blocks[e.block]
+            b.end_key = None
+            if b.ref_count == 0:
+                self._free_end.pop(b.block_id, None)
+                self._pool(b)[b.block_id] = None
 
     def check_all_free(self) -> None:
         """Leak check for tests: every block unreferenced and in a free list."""
         leaked = [b.block_id for b in self.blocks if b.ref_count]
         assert not leaked, f"KV blocks still referenced: {leaked[:16]}"
         assert self.num_free_blocks == self.num_blocks
+        assert not self.ends.reserved, f"hidden slots still reserved: {self.ends.reserved}"

@@ -59,8 +59,10 @@ class LLMEngine:
         self.eos_token_ids = tuple(stop_token_ids)
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(self.config.max_model_len or ctx, ctx)
+        # Prompt-end hits skip the forward pass, which speculation's draft model does not.
+        slots = 0 if self.config.speculative else getattr(backend, "num_hidden_slots", 0)
         self.block_manager = BlockManager(
-            backend.num_blocks, backend.block_size, self.config.enable_prefix_caching
+            backend.num_blocks, backend.block_size, self.config.enable_prefix_caching, slots
         )
         capacity = backend.num_blocks * backend.block_size
         if capacity < self.max_model_len:
@@ -258,6 +260,10 @@ class LLMEngine:
         n_real = s.num_new_tokens - len(s.draft_token_ids)
         tokens = [seq.token_at(i) for i in range(start, start + n_real)] + s.draft_token_ids
         inp = SeqInput(seq.seq_id, tokens, start, list(seq.block_table))
+        if seq.cached_end is not None:  # a prompt-end hit: no tokens, the saved hidden state
+            inp.cached_hidden, src, dst = seq.cached_end
+            inp.copy_block = None if src is None else (src, dst)
+            seq.cached_end = None
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
         req = self.requests[seq.request_id]
@@ -279,6 +285,8 @@ class LLMEngine:
                 seq.num_pending,
             )
             inp.num_logprobs = p.logprobs
+            if start + n_real == seq.num_prompt_tokens and not seq.output_token_ids and n_real:
+                inp.save_hidden = self.block_manager.reserve_end(seq, seq.num_prompt_tokens)
             if s.draft_token_ids:
                 inp.draft_token_ids = list(s.draft_token_ids)
                 inp.draft_probs = drafts[seq.seq_id][1]
@@ -322,6 +330,7 @@ class LLMEngine:
             if reason:
                 break
         self.block_manager.publish(seq)  # after the append: published blocks hold known tokens
+        self.block_manager.publish_end(seq)
         if reason:
             self._finish(st, reason)
 

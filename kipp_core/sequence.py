@@ -31,6 +31,9 @@ class Sequence:
     # Sampled on the device by a step still in flight, not yet appended (async scheduling).
     num_pending: int = 0
     block_table: list[int] = field(default_factory=list)
+    # A prompt-end hit (kipp_core.prompt_end), until its step is built: (hidden slot, tail block
+    # to copy or None, the copy's target)
+    cached_end: tuple[int, int | None, int | None] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)

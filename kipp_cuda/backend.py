@@ -103,6 +103,8 @@ class ShardBackend:
             max_len,
             use_graphs,
         )
+        if tp_size == 1:  # (under tensor parallelism the ranks would each need the hit)
+            self.num_hidden_slots = self.runner.num_hidden_slots
         log.info(
             "cuda backend on %s (%s%s): weights %.2f GiB, KV budget %.2f GiB = %d blocks of "
             "%d (%s), max %d concurrent tokens; ready in %.1f s%s",

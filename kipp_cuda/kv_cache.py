@@ -98,24 +98,37 @@ def allocate(
         raise ValueError(f"kv_quant must be None or 'q8_0', got {kv_quant!r}")
     if kv_quant and cfg.head_dim % 32:
         raise ValueError(f"q8_0 KV needs head_dim divisible by 32, got {cfg.head_dim}")
+    # One tensor a kind, [layers, K/V, blocks, ...], each layer's K and V views of it, so that
+    # copying a block through every layer (copy_block) is one launch.
+    L = cfg.num_hidden_layers
     shape = (num_blocks, block_size, cfg.num_key_value_heads // tp_size, cfg.head_dim)
-    caches = []
-    for _ in range(cfg.num_hidden_layers):
-        if kv_quant == "q8_0":
-            sshape = (*shape[:-1], cfg.head_dim // 32)
-            caches.append(
-                LayerKV(
-                    torch.zeros(shape, dtype=torch.int8, device=device),
-                    torch.zeros(shape, dtype=torch.int8, device=device),
-                    torch.zeros(sshape, dtype=torch.float16, device=device),
-                    torch.zeros(sshape, dtype=torch.float16, device=device),
-                )
-            )
-        else:
-            caches.append(
-                LayerKV(
-                    torch.zeros(shape, dtype=dtype, device=device),
-                    torch.zeros(shape, dtype=dtype, device=device),
-                )
-            )
-    return caches
+    if kv_quant == "q8_0":
+        qs = torch.zeros((L, 2, *shape), dtype=torch.int8, device=device)
+        sc = torch.zeros(
+            (L, 2, *shape[:-1], cfg.head_dim // 32), dtype=torch.float16, device=device
+        )
+        return [LayerKV(qs[i, 0], qs[i, 1], sc[i, 0], sc[i, 1]) for i in range(L)]
+    kv = torch.zeros((L, 2, *shape), dtype=dtype, device=device)
+    return [LayerKV(kv[i, 0], kv[i, 1]) for i in range(L)]
+
+
+def stores(caches: list[LayerKV]) -> list[tuple[torch.Tensor, int]]:
+    """(tensor, its block dimension) for every tensor that holds the caches' blocks: allocate's
+    [layers, 2, blocks, ...] stores, or each layer's own tensors when built another way."""
+    out: dict[int, tuple[torch.Tensor, int]] = {}
+    for kv in caches:
+        for t in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+            if t is None:
+                continue
+            base = t._base
+            if base is not None and base.dim() == t.dim() + 2 and base.shape[3:] == t.shape[1:]:
+                out[id(base)] = (base, 2)
+            else:
+                out[id(t)] = (t, 0)
+    return list(out.values())
+
+
+def copy_block(stores_: list[tuple[torch.Tensor, int]], src: int, dst: int) -> None:
+    """Block src's K/V (and scales) into block dst, in every layer."""
+    for t, dim in stores_:
+        t.select(dim, dst).copy_(t.select(dim, src))

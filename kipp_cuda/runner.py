@@ -18,6 +18,7 @@ import torch
 
 from kipp_core.backend import PENDING, ModelInput, SeqOutput
 from kipp_core.spec_decode import verify_drafts
+from kipp_cuda import kv_cache
 from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.model import Qwen3Model
 from kipp_cuda.sampler import sample_tokens, token_logprobs
@@ -25,6 +26,7 @@ from kipp_cuda.staging import upload
 
 log = logging.getLogger("kipp")
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
+NUM_HIDDEN_SLOTS = 64  # final hidden states of finished prompts (kipp_core.prompt_end)
 IDS, POS, SLOT, CTX = range(4)  # rows of the staged int64 inputs
 
 
@@ -85,6 +87,10 @@ class ModelRunner:
         self.prefill_tokens: list[int] = []
         self._last_tokens: torch.Tensor | None = None  # the last step's samples, on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row of _last_tokens
+        self.num_hidden_slots = NUM_HIDDEN_SLOTS
+        hidden = model.config.hidden_size
+        self.end_hidden = torch.zeros((NUM_HIDDEN_SLOTS, hidden), dtype=model.dtype, device=device)
+        self._kv_stores = kv_cache.stores(kv_caches)
         if use_graphs:
             self.capture()
 
@@ -119,8 +125,8 @@ class ModelRunner:
     # -- forward --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, batch: ModelInput) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(hidden [T, hidden], None) for every new token of the batch, or (None, logits [B, V])
+    def forward(self, batch: ModelInput) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden [T, hidden], None) for every new token of the batch, or (hidden, logits [B, V])
         from a decode graph, whose rows are the batch's tokens."""
         ids, positions, slots, bt, ctx, q_lens = self._prepare(batch)
         pending = self._pending(batch, ids, q_lens)
@@ -128,7 +134,8 @@ class ModelRunner:
         is_decode = bool((q_lens == 1).all())
         if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
             bs = next(b for b in self.graph_bs if b >= B)
-            return None, self._replay(("decode", bs), pending, ids, positions, slots, bt, ctx)[:B]
+            h, logits = self._replay(("decode", bs), pending, ids, positions, slots, bt, ctx)
+            return h[:B], logits[:B]
         if B == 1 and not is_decode and self.prefill_tokens and T <= self.prefill_tokens[-1]:
             tb = next(t for t in self.prefill_tokens if t >= T)
             # Padded queries sit at positions up to start + tb - 1: inside the block table.
@@ -159,12 +166,20 @@ class ModelRunner:
         """Queue the step and return without waiting for the device, as long as nothing but
         plain sampling is asked (logprobs, scores, drafts and raw logits wait for their values).
         PENDING tokens of the batch are this runner's previous samples for the same sequences."""
-        hidden, logits = self.forward(batch)
+        hits = [i for i, s in enumerate(batch.seqs) if s.cached_hidden is not None]
+        cached = self._from_cache(batch, hits) if hits else None
+        run = ModelInput([s for s in batch.seqs if s.cached_hidden is None]) if hits else batch
+        hidden, logits = self.forward(run) if run.seqs else (None, None)
         # Which rows need logits: every row (return_logits), score rows, the sampling rows.
         rows, spans = [], []
         off = 0
         for s in batch.seqs:
             n = len(s.token_ids)
+            if s.save_hidden is not None:
+                self.end_hidden[s.save_hidden].copy_(hidden[off + n - 1])
+            if s.cached_hidden is not None:  # its row follows the computed rows (below)
+                spans.append({-1: None})
+                continue
             if not (s.return_logits or s.score_targets or s.draft_token_ids):
                 # The common case (a decode, the end of a prefill): the last row, if sampling.
                 spans.append({n - 1: len(rows)} if s.sampler is not None else {})
@@ -184,12 +199,17 @@ class ModelRunner:
             rows.extend(off + r for r in local)
             off += n
         outs = [SeqOutput() for _ in batch.seqs]
-        if not rows:
+        if not rows and not hits:
             return PendingSamples(outs)
-        if logits is None:
+        if rows and logits is None:
             logits = self.model.compute_logits(hidden[self._index(rows)])
-        elif len(rows) != logits.shape[0]:
+        elif rows and len(rows) != logits.shape[0]:
             logits = logits[self._index(rows)]
+        if hits:
+            for j, i in enumerate(hits):
+                spans[i] = {-1: len(rows) + j}
+            cached = self.model.compute_logits(cached)
+            logits = torch.cat([logits, cached]) if rows else cached
         plain = [
             (i, s)
             for i, s in enumerate(batch.seqs)
@@ -222,9 +242,20 @@ class ModelRunner:
             if s.score_targets:
                 r = [sp[j] for j in range(s.score_start, s.score_start + len(s.score_targets))]
                 outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
-            if s.return_logits:
-                outs[i].logits = logits[[sp[j] for j in range(n)]].cpu().numpy()
+            if s.return_logits:  # (a prompt-end hit's one row is row -1)
+                outs[i].logits = logits[[sp[j] for j in (range(n) if n else [-1])]].cpu().numpy()
         return PendingSamples(outs, [i for i, _ in plain], toks if plain else None)
+
+    def _from_cache(self, batch: ModelInput, hits: list[int]) -> torch.Tensor:
+        """Prompt-end hits: copy their tail blocks and gather their saved hidden states [H, hidden],
+        before anything of this step writes a block or a slot."""
+        for i in hits:
+            if batch.seqs[i].copy_block is not None:
+                kv_cache.copy_block(self._kv_stores, *batch.seqs[i].copy_block)
+        slots = [batch.seqs[i].cached_hidden for i in hits]
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return self.end_hidden[slots[0] : slots[0] + len(slots)].clone()
+        return self.end_hidden[self._index(slots)]
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return upload(np.asarray(rows, dtype=np.int64), self.device)
@@ -302,7 +333,7 @@ class ModelRunner:
 
     def _graph_fn(self, kind: str, size: int):
         """What a graph runs, reading only the staged device inputs: decode of `size` sequences
-        (-> logits [size, V]), or one sequence's prefill of `size` tokens (-> hidden)."""
+        (-> hidden, logits [size, V]), or one sequence's prefill of `size` tokens (-> hidden)."""
         g = self.g_in
         if kind == "decode":
 
@@ -315,7 +346,7 @@ class ModelRunner:
                     max_context_len=self.max_model_len,
                 )
                 h = self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
-                return self.model.compute_logits(h)
+                return h, self.model.compute_logits(h)
 
             return run
         # Kept on self: a graph holds raw addresses, so its constant inputs must outlive it.

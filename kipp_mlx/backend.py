@@ -61,6 +61,8 @@ class MlxBackend:
         self.block_size = bs
         self.num_blocks = num_kv_blocks(opts, cfg, self.dtype.size)
         self.kv = PagedKVCache.for_config(cfg, self.num_blocks, bs, self.dtype, opts.kv_quant)
+        self.num_hidden_slots = 64  # final hidden states of finished prompts (prompt_end)
+        self.end_hidden: dict[int, mx.array] = {}
         self.paged_attention = None  # the decode kernel, when the ladder accepts it
         if not opts.kv_quant:
             fn = ladder.paged_attention_fn(
@@ -93,6 +95,27 @@ class MlxBackend:
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
         seqs = batch.seqs
+        hits = [s for s in seqs if s.cached_hidden is not None]
+        if not hits:
+            return self._run(seqs)
+        # Prompt-end hits first: their tail blocks and slots are read before this step writes.
+        for s in hits:
+            if s.copy_block is not None:
+                self.kv.reserve(max(s.copy_block))
+                self.kv.copy_block(*s.copy_block)
+        step = _CachedRows(self.model, mx.stack([self.end_hidden[s.cached_hidden] for s in hits]))
+        step.seqs = hits
+        cached = [SeqOutput() for _ in hits]
+        self._sample_plain(step, cached)
+        for i, s in enumerate(hits):
+            if s.return_logits:
+                cached[i].logits = np.array(step.rows(i, 0, 1))
+        mx.eval(self.kv.arrays())
+        rest = iter(self._run([s for s in seqs if s.cached_hidden is None]))
+        cached = iter(cached)
+        return [next(cached) if s.cached_hidden is not None else next(rest) for s in seqs]
+
+    def _run(self, seqs: list[SeqInput]) -> list[SeqOutput]:
         if not seqs:
             return []
         bs = self.block_size
@@ -102,6 +125,10 @@ class MlxBackend:
         meta = AttentionMetadata.build(seqs, bs, self.paged_attention)
         ids = mx.array(np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int32))
         hidden = self.model(ids, meta, self.kv)  # [T, hidden]
+        for s, sp in zip(seqs, meta.spans):
+            if s.save_hidden is not None:  # a copy, so the step's hidden states are not kept
+                row = hidden[sp.q_start + sp.q_len - 1].astype(mx.float32)
+                self.end_hidden[s.save_hidden] = mx.array(np.array(row)).astype(hidden.dtype)
         step = _Step(self.model, hidden, meta, seqs)
         outs = [SeqOutput() for _ in seqs]
         self._sample_plain(step, outs)
@@ -185,3 +212,16 @@ class _Step:
         sp = self.meta.spans
         last = mx.array([sp[i].q_start + sp[i].q_len - 1 for i in idx], dtype=mx.int32)
         return self.model.logits(self.hidden[last])
+
+
+class _CachedRows:
+    """_Step's interface over saved hidden states (prompt-end hits), one row a sequence."""
+
+    def __init__(self, model, hidden: mx.array):
+        self.logits = model.logits(hidden)  # [H, vocab] float32
+
+    def rows(self, i: int, lo: int, hi: int) -> mx.array:
+        return self.logits[i + lo : i + hi]
+
+    def last_rows(self, idx: list[int]) -> mx.array:
+        return self.logits[mx.array(idx, dtype=mx.int32)]

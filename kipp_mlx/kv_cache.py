@@ -115,6 +115,17 @@ class PagedKVCache:
             )
         return self.k[layer][slots], self.v[layer][slots]
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block src's K/V into block dst, in every layer (a prompt-end hit's tail)."""
+        a, b = src * self.block_size, dst * self.block_size
+        n = self.block_size
+        for pools in (self.k, self.v):
+            for i, p in enumerate(pools):
+                parts = p if self.kv_quant else (p,)
+                for x in parts:
+                    x[b : b + n] = x[a : a + n]
+                pools[i] = tuple(parts) if self.kv_quant else parts[0]
+
     def pools(self, layer: int) -> tuple[mx.array, mx.array]:
         assert not self.kv_quant
         return self.k[layer], self.v[layer]

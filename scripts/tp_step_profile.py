@@ -50,7 +50,7 @@ def _rank(rank, world, port, path, args, results):
         fn = runner._graph_fn("decode", 1)
         fn()
         dist.barrier()
-        g, logits = runner._capture(fn, None)
+        g, (_, logits) = runner._capture(fn, None)  # the graph returns (hidden, logits)
         for _ in range(5):
             g.replay()
         torch.cuda.synchronize(device)

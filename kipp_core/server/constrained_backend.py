@@ -61,10 +61,19 @@ class ConstrainedBackend:
                 continue
             assert not inp.draft_token_ids, "constraints run without speculative decoding"
             n = len(inp.token_ids)
+            if inp.cached_hidden is not None:  # a prompt-end hit: its one row of logits
+                last.append(
+                    dataclasses.replace(inp, sampler=None, num_logprobs=None, return_logits=True)
+                )
+                continue
             if n > 1:
                 first.append(
                     dataclasses.replace(
-                        inp, token_ids=inp.token_ids[:-1], sampler=None, num_logprobs=None
+                        inp,
+                        token_ids=inp.token_ids[:-1],
+                        sampler=None,
+                        num_logprobs=None,
+                        save_hidden=None,
                     )
                 )
             last.append(
@@ -74,6 +83,7 @@ class ConstrainedBackend:
                     inp.start_pos + n - 1,
                     inp.block_table,
                     return_logits=True,
+                    save_hidden=inp.save_hidden,  # the prompt's last row is this one
                 )
             )
         head = iter(self.inner.execute(ModelInput(first)) if first else [])

@@ -186,8 +186,12 @@ def test_gpu_graph_paths_equal_eager(tiny_path):
     prompts = [list(range(3, 3 + n)) for n in (40, 7, 90)]
     want = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert [o.token_ids for o in graphs.generate(prompts, GREEDY)] == want
-    again = graphs.generate(prompts[:1], GREEDY)[0]  # cached prefix, 8 tokens computed
-    assert again.token_ids == want[0] and again.metrics.num_cached_tokens > 0
+    again = graphs.generate(prompts[:1], GREEDY)[0]  # a prompt-end hit: no layer runs
+    assert again.token_ids == want[0] and again.metrics.num_cached_tokens == 40
+    other = prompts[0][:-1] + [999]  # cached prefix, 8 tokens through the 16-token graph
+    got = graphs.generate([other], GREEDY)[0]
+    assert got.token_ids == eager.generate([other], GREEDY)[0].token_ids
+    assert got.metrics.num_cached_tokens == 32
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (PDL, graphs)")
@@ -229,7 +233,9 @@ class _ReplayByCalling:
         self.fn, self.out = fn, out
 
     def replay(self):
-        self.out.copy_(self.fn())
+        got = self.fn()  # a decode graph's (hidden, logits), a prefill graph's hidden
+        for o, g in zip(*((self.out, got) if isinstance(got, tuple) else ((self.out,), (got,)))):
+            o.copy_(g)
 
     def pool(self):
         return None
@@ -259,8 +265,12 @@ def test_graph_staging_and_padding_equal_eager_on_cpu(tiny_path, monkeypatch):
     prompts = [list(range(3, 3 + n)) for n in (40, 7, 90)]
     want = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert [o.token_ids for o in staged.generate(prompts, GREEDY)] == want
-    again = staged.generate(prompts[:1], GREEDY)[0]
-    assert again.token_ids == want[0] and again.metrics.num_cached_tokens > 0
+    again = staged.generate(prompts[:1], GREEDY)[0]  # a prompt-end hit: no layer runs
+    assert again.token_ids == want[0] and again.metrics.num_cached_tokens == 40
+    other = prompts[0][:-1] + [999]  # cached prefix, 8 tokens through the 16-token graph
+    got = staged.generate([other], GREEDY)[0]
+    assert got.token_ids == eager.generate([other], GREEDY)[0].token_ids
+    assert got.metrics.num_cached_tokens == 32
 
 
 def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monkeypatch):

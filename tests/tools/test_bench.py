@@ -46,8 +46,9 @@ def test_bench_smoke(tiny_path, tmp_path, capsys, no_fallbacks):
         assert row["decode_tokens"] == row["batch_size"] * 3  # all but each first token
     _positive(r["throughput"], ["requests_s", "total_tok_s", "output_tok_s"])
     pc = r["prefix_cache"]
-    _positive(pc, ["cold_ttft_s", "warm_ttft_s"])
-    assert pc["warm_cached_tokens"] == 64  # two full blocks; the last token is always computed
+    _positive(pc, ["cold_ttft_s", "warm_ttft_s", "prefix_ttft_s"])
+    assert pc["warm_cached_tokens"] == 96  # the oracle keeps hidden states: a prompt-end hit
+    assert pc["prefix_cached_tokens"] == 64  # two full blocks; the new last token is computed
     assert [t["turn"] for t in r["chat"]] == [1, 2, 3]
     assert r["chat"][0]["cached_tokens"] == 0 < r["chat"][2]["cached_tokens"]
     _positive(r["memory"], ["peak_memory_bytes"])
