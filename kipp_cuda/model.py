@@ -5,10 +5,6 @@ Tensor parallelism (tp_size > 1): qkv_proj/gate_up_proj are column-parallel (loc
 o_proj/down_proj row-parallel, embedding and head split by vocabulary. A row-parallel output is
 all-reduced together with the residual add and RMSNorm after it (tp_reduce.TPReduce.reduce_norm),
 so a layer takes and returns its hidden state as this rank's partial, before that all-reduce.
-With KIPP_CUDA_FUSED_NORM=1 at TP = 1, each layer's two norms go into the linear after them
-instead (Linear.forward_norm): at decode of one sequence a GEMV norms its x as it reads it, two
-launches fewer a layer, but a slower step (kernels/norm_x.py), so it is off by default. The final
-norm stays a launch of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from torch import nn
 from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
-from kipp_cuda.layers import embed, fused_norm_enabled
+from kipp_cuda.layers import embed
 from kipp_cuda.tp_reduce import TPReduce
 
 
@@ -41,28 +37,20 @@ class Qwen3Layer(nn.Module):
         self.o_proj = modules["o_proj"]
         self.gate_up_proj = modules["gate_up_proj"]
         self.down_proj = modules["down_proj"]
-        self.fused_norm = tp_size == 1 and fused_norm_enabled()  # TP > 1: reduce_norm fuses
         for name, w in norms.items():  # input_layernorm, post_attention_layernorm, q_norm, k_norm
             self.register_buffer(name, w)
 
     def forward(self, positions, hidden, residual, kv: LayerKV, meta: AttentionMetadata, cos_sin):
         # hidden: this rank's partial of the layer input (the embedding or the previous layer's
         # down_proj output), all-reduced here with the residual add and the input norm
-        T = hidden.shape[0]
-        qkv, residual = self._norm_linear(self.qkv_proj, hidden, residual, self.input_layernorm)
-        q = store_qkv(qkv, self, kv, meta, positions, cos_sin)
-        a = self.o_proj(attention(q, kv, meta, self.head_dim**-0.5).reshape(T, -1))
-        gate_up, residual = self._norm_linear(
-            self.gate_up_proj, a, residual, self.post_attention_layernorm
+        h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
+        T = h.shape[0]
+        q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
+        a = attention(q, kv, meta, self.head_dim**-0.5)
+        h, residual = self.tp.reduce_norm(
+            self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
         )
-        return self.down_proj(gate_up, act=True), residual
-
-    def _norm_linear(self, linear, x, residual, weight):
-        """(linear(norm(x + residual)), the new residual), x this rank's partial."""
-        if self.fused_norm:
-            return linear.forward_norm(x, residual, weight, self.eps)
-        h, residual = self.tp.reduce_norm(x, residual, weight, self.eps)
-        return linear(h), residual
+        return self.down_proj(self.gate_up_proj(h), act=True), residual
 
 
 class Qwen3Model(nn.Module):

@@ -4,16 +4,12 @@ instructions in each kernel's K loop per weight a thread handles, and registers 
 (BENCHMARKS.md): at 4.3 TB/s an H200 issues about 4.5 instructions a weight for affine4's 0.625
 bytes a weight.
 
-python scripts/gemv_sass.py [--configs 32x32x4,8x128x4] [--int-x both|on|off] [--norm off|on|both]
-    [--json out.json]
-
---norm on compiles the kernels with the residual add + RMSNorm in their reads of x (norm_x.py).
+python scripts/gemv_sass.py [--configs 32x32x4,8x128x4] [--int-x both|on|off] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 
 import triton
@@ -27,35 +23,27 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--configs", default="32x32x4,16x64x4,8x128x4,16x128x4", help="NxGxWARPS")
     p.add_argument("--int-x", default="both", choices=["both", "on", "off"])
-    p.add_argument("--norm", default="off", choices=["both", "on", "off"])
     p.add_argument("--json", default=None, help="every row with its full opcode counts")
     args = p.parse_args()
     rows = []
-    choice = {"both": (False, True), "on": (True,), "off": (False,)}
-    modes, norms = choice[args.int_x], choice[args.norm]
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.int_x]
     print(f"triton {triton.__version__}, sm_90; PREFETCH off, PDL on, bf16 x")
-    cols = "kernel, N x G x warps, INT_X, norm, loop instructions, per weight, registers, top"
-    print("| " + " | ".join(cols.split(", ")) + " |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| kernel | N x G x warps | INT_X | loop instructions | per weight | registers | top |")
+    print("|---|---|---|---|---|---|---|")
     for spec in args.configs.split(","):
         bn, bg, nw = (int(v) for v in spec.split("x"))
         weights = bn * bg * 32 / (32 * nw)  # a thread's weights a K step
         common = dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=1, PDL=True, ASM=True, PREFETCH=False)
-        for on, norm in itertools.product(modes, norms):
-            consts = dict(common, INT_X=on, NORM=norm, HAS_RESIDUAL=norm, NORM_BLOCK=4096)
+        for on in modes:
             for name, fn, sig, extra in (
                 ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),
                 ("affine4", ag._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
             ):
-                ops, regs = loop_sass(fn, sig, {**consts, **extra}, nw)
+                ops, regs = loop_sass(fn, sig, {**common, **extra, "INT_X": on}, nw)
                 n = sum(ops.values())
                 top = ", ".join(f"{k} {v}" for k, v in ops.most_common(4))
-                print(
-                    f"| {name} | {spec} | {on} | {norm} | {n} | {n / weights:.2f} | {regs} "
-                    f"| {top} |"
-                )
-                row = dict(kernel=name, config=spec, int_x=on, norm=norm, weights=weights)
-                rows.append(dict(row, ops=ops))
+                print(f"| {name} | {spec} | {on} | {n} | {n / weights:.2f} | {regs} | {top} |")
+                rows.append(dict(kernel=name, config=spec, int_x=on, weights=weights, ops=ops))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

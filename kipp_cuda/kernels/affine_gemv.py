@@ -13,10 +13,12 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels.bits import (
+    aligned_x,
     byte_dot8,
     dot2,
     load_scalar,
     load_words,
+    load_x8,
     nibble_floats,
     quant_x16,
     sum8,
@@ -30,7 +32,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     pick_split_k,
     store_row,
 )
-from kipp_cuda.kernels.norm_x import Norm, gemv_norm_ref, gemv_x8, gemv_x32, norm_args, norm_rstd
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -48,9 +49,6 @@ def _affine_gemv_tile(w_rows, s_rows, b_rows, g, WPG: tl.constexpr, ASM: tl.cons
 @triton.jit
 def _affine_gemv_kernel(
     x_ptr,
-    res_ptr,
-    nw_ptr,
-    res_out_ptr,
     wq_ptr,
     s_ptr,
     b_ptr,
@@ -63,7 +61,6 @@ def _affine_gemv_kernel(
     stride_wn,
     stride_sn,
     stride_bn,
-    eps,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -73,14 +70,10 @@ def _affine_gemv_kernel(
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    NORM_BLOCK: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
     # b sum(x); sum(x q) from dp2a on int16 x (INT_X, group size 32) or exact in fp32.
-    # With NORM, x is RMSNorm(hidden (x_ptr) + residual) * nw, computed as it is read (norm_x.py).
     pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
     pid_n = tl.program_id(0)
@@ -99,12 +92,6 @@ def _affine_gemv_kernel(
         )
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    rstd = 0.0
-    if NORM:
-        first = (pid_n == 0) & (pid_k == 0)
-        rstd = norm_rstd(
-            x_ptr, res_ptr, res_out_ptr, num_groups * GROUP, eps, first, HAS_RESIDUAL, NORM_BLOCK
-        )
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
             nw, ns, nb = _affine_gemv_tile(
@@ -116,8 +103,7 @@ def _affine_gemv_kernel(
             )
         g = tl.minimum(g0 + rg, g_end - 1)
         if INT_X and GROUP == 32:  # x as int16, dp2a on the weights' bytes (bits.py)
-            x = gemv_x32(x_ptr, res_ptr, nw_ptr, g * 32, rstd, NORM, HAS_RESIDUAL, ASM)
-            xq, xs, x_sum = quant_x16(x, BITS == 4)
+            xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
             dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
             if BITS == 4:
                 # Even nibbles as bytes n, odd ones masked in place as bytes 16 n (no shift):
@@ -140,9 +126,8 @@ def _affine_gemv_kernel(
             acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         else:
             acc += _affine_fp32_group(
-                x_ptr, res_ptr, nw_ptr, rstd, w, s, b, g, g0, rg, g_end, BITS, GROUP, BLOCK_N,
-                BLOCK_G, ASM, NORM, HAS_RESIDUAL,
-            )  # fmt: skip
+                x_ptr, w, s, b, g, g0, rg, g_end, BITS, GROUP, BLOCK_N, BLOCK_G, ASM
+            )
         if PREFETCH:
             w, s, b = nw, ns, nb
     store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
@@ -151,9 +136,6 @@ def _affine_gemv_kernel(
 @triton.jit
 def _affine_fp32_group(
     x_ptr,
-    res_ptr,
-    nw_ptr,
-    rstd,
     w,
     s,
     b,
@@ -166,8 +148,6 @@ def _affine_fp32_group(
     BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr,
     ASM: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
 ):
     # The exact fp32 path (fp32 x, group sizes 64 and 128): one K step's [BLOCK_N, BLOCK_G] group
     # sums, zero past g_end. With bits.py's f (2 + q / 128, or 2 + q / 8 for odd nibbles, whose
@@ -176,7 +156,7 @@ def _affine_fp32_group(
     x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
     x_scaled = tl.zeros([BLOCK_G], dtype=tl.float32)
     for c in tl.static_range(GROUP // 8):  # 8 values of x at a time
-        x = gemv_x8(x_ptr, res_ptr, nw_ptr, g * GROUP + 8 * c, rstd, NORM, HAS_RESIDUAL, ASM)
+        x = load_x8(x_ptr, g * GROUP + 8 * c, ASM)
         if BITS == 4:  # one word: nibbles 2c..2c+7 of the group
             f = nibble_floats(w[c], ASM)
             x1, x3, x5, x7 = x[1] * 0.0625, x[3] * 0.0625, x[5] * 0.0625, x[7] * 0.0625
@@ -238,48 +218,18 @@ def affine_gemv(
 ) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
-    return _launch(x, wq, scales, biases, bits, group_size, config, out, asm, None)[0]
-
-
-def affine_gemv_norm(
-    hidden: torch.Tensor,
-    norm: Norm,
-    wq,
-    scales,
-    biases,
-    bits: int,
-    group_size: int,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-    asm: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(affine_gemv(rms_norm(hidden + residual)), hidden + residual) in one launch (norm_x.py);
-    the residual is hidden itself when norm.residual is None."""
-    return _launch(hidden, wq, scales, biases, bits, group_size, config, out, asm, norm)
-
-
-def affine_gemv_norm_ref(hidden, norm: Norm, wq, scales, biases, bits, group_size, *_, **__):
-    from kipp_cuda.kernels.affine_matmul import affine_matmul_ref
-
-    return gemv_norm_ref(hidden, norm, affine_matmul_ref, wq, scales, biases, bits, group_size)
-
-
-def _launch(x, wq, scales, biases, bits, group_size, config, out, asm, norm):
-    N, K = wq.shape[0], wq.shape[1] * 32 // bits
+    N, K = wq.shape[0], x.shape[1]
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
     cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
-    x, norm_ptrs, norm_kw, res_out = norm_args(x, norm, K)
-    if wq.dtype == torch.uint32:
-        wq = wq.view(torch.int32)
+    x = aligned_x(x)
     if wq.stride(0) % 4 or wq.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         wq = wq.clone()
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](
         x,
-        *norm_ptrs,
         wq,
         scales,
         biases,
@@ -299,8 +249,7 @@ def _launch(x, wq, scales, biases, bits, group_size, config, out, asm, norm):
         SPLIT_K=cfg["SPLIT_K"],
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
-        **norm_kw,
         **launch_options(cfg, x.dtype),
         **pdl,
     )
-    return out, res_out
+    return out

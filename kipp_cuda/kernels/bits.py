@@ -284,13 +284,18 @@ def _x16(v, inv):
 
 
 @triton.jit
-def quant_x16(x, NIBBLES: tl.constexpr):
-    """A group's 32 values of x (32 fp32 tensors, as norm_x.gemv_x32 loads them) as sixteen int32
-    words of two int16 each, with the scale xs (x ~ xs q) and the fp32 sum of the 32 values. Word
-    p holds values (2p, 2p + 1), or with NIBBLES the pairs that dot2 meets in the even and odd
-    nibbles of affine4 word c = p // 4: (8c, 8c + 2), (8c + 4, 8c + 6), (8c + 1, 8c + 3),
-    (8c + 5, 8c + 7). A NaN or inf in x makes xs NaN, so it reaches the output as NaN instead of
-    vanishing."""
+def quant_x16(x_ptr, first, NIBBLES: tl.constexpr, ASM: tl.constexpr):
+    """x[first + i], i < 32 (first a multiple of 32 at each element), as sixteen int32 words of
+    two int16 each, with the scale xs (x ~ xs q) and the fp32 sum of the 32 values. Word p holds
+    values (2p, 2p + 1), or with NIBBLES the pairs that dot2 meets in the even and odd nibbles of
+    affine4 word c = p // 4: (8c, 8c + 2), (8c + 4, 8c + 6), (8c + 1, 8c + 3), (8c + 5, 8c + 7).
+    A NaN or inf in x makes xs NaN, so it reaches the output as NaN instead of vanishing."""
+    x = (
+        load_x8(x_ptr, first, ASM)
+        + load_x8(x_ptr, first + 8, ASM)
+        + load_x8(x_ptr, first + 16, ASM)
+        + load_x8(x_ptr, first + 24, ASM)
+    )
     amax = tl.abs(x[0])
     total = x[0]
     for i in tl.static_range(1, 32):

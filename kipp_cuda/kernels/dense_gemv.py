@@ -7,8 +7,7 @@ row counts split K (deterministic, see matmul_tiles.store_tile) so that every SM
 
 With `act=True`, x is a gate_up output [1, 2K] and the kernel multiplies by silu(gate) * up,
 rounded to x's dtype as silu_and_mul rounds it: the decode step's down_proj needs no separate
-SwiGLU launch. With a norm (dense_gemv_norm), x is RMSNorm(hidden + residual) * weight as
-rms_norm.py computes it (norm_x.py): qkv_proj and gate_up_proj need no separate norm launch.
+SwiGLU launch.
 """
 
 from __future__ import annotations
@@ -19,45 +18,23 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_row
-from kipp_cuda.kernels.norm_x import Norm, gemv_norm_ref, norm_args, norm_rstd, normed
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
 
 @triton.jit
-def _gemv_x(
-    x_ptr,
-    res_ptr,
-    nw_ptr,
-    rk,
-    k_mask,
-    K,
-    rstd,
-    ACT: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-):
+def _gemv_x(x_ptr, rk, k_mask, K, ACT: tl.constexpr):
     if ACT:  # silu(gate) * up in fp32, rounded like silu_and_mul's output
         g = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
         u = tl.load(x_ptr + K + rk, mask=k_mask, other=0.0).to(tl.float32)
         gf = g.to(tl.float32)
         return (gf / (1.0 + tl.exp(-gf)) * u).to(g.dtype).to(tl.float32)
-    x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
-    if not NORM:
-        return x.to(tl.float32)
-    w = tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-    r = w
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-    return normed(x.to(tl.float32), r, w, rstd, x.dtype, HAS_RESIDUAL)
+    return tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _dense_gemv_kernel(
     x_ptr,
-    res_ptr,
-    nw_ptr,
-    res_out_ptr,
     w_ptr,
     out_ptr,
     part_ptr,
@@ -66,18 +43,13 @@ def _dense_gemv_kernel(
     K,
     k_per_split,
     stride_wn,
-    eps,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     ACT: tl.constexpr,
     PDL: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    NORM_BLOCK: tl.constexpr,
 ):
     # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
-    # With NORM, x is RMSNorm(hidden (x_ptr) + residual) * nw, computed as it is read (norm_x.py).
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -90,16 +62,12 @@ def _dense_gemv_kernel(
     w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & (rk < k_end)[None, :], other=0.0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    rstd = 0.0
-    if NORM:
-        first = (pid_n == 0) & (pid_k == 0)
-        rstd = norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, first, HAS_RESIDUAL, NORM_BLOCK)
     for k0 in range(k_start, k_end, BLOCK_K):
         # Issue the next step's weight loads before this step's math: two steps in flight.
         nk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
         nw = tl.load(rows + nk[None, :], mask=n_mask[:, None] & (nk < k_end)[None, :], other=0.0)
         rk = k0 + tl.arange(0, BLOCK_K)
-        x = _gemv_x(x_ptr, res_ptr, nw_ptr, rk, rk < k_end, K, rstd, ACT, NORM, HAS_RESIDUAL)
+        x = _gemv_x(x_ptr, rk, rk < k_end, K, ACT)
         acc += w.to(tl.float32) * x[None, :]
         w = nw
     store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
@@ -131,22 +99,6 @@ def _dense_gemv_op(
     x: torch.Tensor, w: torch.Tensor, act: bool = False, config: dict | None = None
 ) -> torch.Tensor:
     """x [1, K] (or [1, 2K] gate_up with act=True), w [N, K] -> [1, N] in x.dtype."""
-    return _launch(x, w, act, config, None)[0]
-
-
-def dense_gemv_norm(
-    hidden: torch.Tensor, norm: Norm, w: torch.Tensor, config: dict | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dense_gemv(rms_norm(hidden + residual)), hidden + residual) in one launch (norm_x.py);
-    the residual is hidden itself when norm.residual is None."""
-    return _launch(hidden, w, False, config, norm)
-
-
-def dense_gemv_norm_ref(hidden, norm: Norm, w, config=None):
-    return gemv_norm_ref(hidden, norm, dense_gemv_ref, w)
-
-
-def _launch(x, w, act, config, norm):
     K = w.shape[1] if w.dim() == 2 else -1
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != (2 * K if act else K):
         raise ValueError(
@@ -156,16 +108,15 @@ def _launch(x, w, act, config, norm):
     if w.stride(1) != 1:
         raise ValueError("dense_gemv needs w with a contiguous K dimension")
     N = w.shape[0]
-    x, norm_ptrs, norm_kw, res_out = norm_args(x.contiguous(), norm, K)
+    x = x.contiguous()
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     if N == 0:
-        return dense_gemv_norm_ref(x, norm, w) if norm else (out, res_out)
+        return out
     cfg = config or gemv_config(N, K, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, K, cfg, "BLOCK_K")
     pdl = launch_kwargs(x.device)
     _dense_gemv_kernel[grid](
         x,
-        *norm_ptrs,
         w,
         out,
         part,
@@ -181,10 +132,9 @@ def _launch(x, w, act, config, norm):
         PDL=bool(pdl),
         num_warps=cfg["num_warps"],
         num_stages=1,
-        **norm_kw,
         **pdl,
     )
-    return out, res_out
+    return out
 
 
 def dense_gemv_ref(

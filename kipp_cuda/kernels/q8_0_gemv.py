@@ -19,7 +19,16 @@ import triton
 import triton.language as tl
 
 from kipp_core.quant import QK8_0
-from kipp_cuda.kernels.bits import byte_dot8, dot2, load_scalar, load_words, quant_x16, sum8
+from kipp_cuda.kernels.bits import (
+    aligned_x,
+    byte_dot8,
+    dot2,
+    load_scalar,
+    load_words,
+    load_x8,
+    quant_x16,
+    sum8,
+)
 from kipp_cuda.kernels.matmul_tiles import (
     gemv_launch,
     interpreting,
@@ -28,7 +37,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     pick_split_k,
     store_row,
 )
-from kipp_cuda.kernels.norm_x import Norm, gemv_norm_ref, gemv_x8, gemv_x32, norm_args, norm_rstd
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -45,9 +53,6 @@ def _q8_0_gemv_tile(w_rows, d_rows, g, ASM: tl.constexpr):
 @triton.jit
 def _q8_0_gemv_kernel(
     x_ptr,
-    res_ptr,
-    nw_ptr,
-    res_out_ptr,
     qw_ptr,
     d_ptr,
     out_ptr,
@@ -58,7 +63,6 @@ def _q8_0_gemv_kernel(
     groups_per_split,
     stride_qn,
     stride_dn,
-    eps,
     BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -66,15 +70,11 @@ def _q8_0_gemv_kernel(
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    NORM_BLOCK: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
     # layout change; a thread's elements share groups, so their x is loaded and summed once.
     # Rows past N read row N - 1 and groups past the split read its last group (masked out).
-    # With NORM, x is RMSNorm(hidden (x_ptr) + residual) * nw, computed as it is read (norm_x.py).
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -89,12 +89,6 @@ def _q8_0_gemv_kernel(
         w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    rstd = 0.0
-    if NORM:
-        first = (pid_n == 0) & (pid_k == 0)
-        rstd = norm_rstd(
-            x_ptr, res_ptr, res_out_ptr, num_groups * 32, eps, first, HAS_RESIDUAL, NORM_BLOCK
-        )
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
             nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
@@ -102,8 +96,7 @@ def _q8_0_gemv_kernel(
             w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
         if INT_X:  # x as int16, two dp2a a word (bits.py)
-            x = gemv_x32(x_ptr, res_ptr, nw_ptr, g * 32, rstd, NORM, HAS_RESIDUAL, ASM)
-            xq, xs, _ = quant_x16(x, False)
+            xq, xs, _ = quant_x16(x_ptr, g * 32, False, ASM)
             dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
             for j in tl.static_range(8):
                 dot = dot2(xq[2 * j][None, :], w[j], dot, False, False, ASM)
@@ -113,7 +106,7 @@ def _q8_0_gemv_kernel(
             xf = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
             x_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
             for j in tl.static_range(4):  # 8 values of x and 2 words at a time
-                x = gemv_x8(x_ptr, res_ptr, nw_ptr, g * 32 + 8 * j, rstd, NORM, HAS_RESIDUAL, ASM)
+                x = load_x8(x_ptr, g * 32 + 8 * j, ASM)
                 x_sum += sum8(x)
                 xf += byte_dot8(w[2 * j], w[2 * j + 1], x, True, ASM)
             # f = 2 + (q + 128) / 128 (bits.py): sum_g(x q) = 128 (sum_g(x f) - 3 sum_g(x)).
@@ -153,30 +146,6 @@ def q8_0_gemv(
 ) -> torch.Tensor:
     """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
-    return _launch(x, qs, d, config, out, asm, None)[0]
-
-
-def q8_0_gemv_norm(
-    hidden: torch.Tensor,
-    norm: Norm,
-    qs: torch.Tensor,
-    d: torch.Tensor,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-    asm: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q8_0_gemv(rms_norm(hidden + residual)), hidden + residual) in one launch (norm_x.py);
-    the residual is hidden itself when norm.residual is None."""
-    return _launch(hidden, qs, d, config, out, asm, norm)
-
-
-def q8_0_gemv_norm_ref(hidden, norm: Norm, qs, d, *_, **__):
-    from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul_ref
-
-    return gemv_norm_ref(hidden, norm, q8_0_matmul_ref, qs, d)
-
-
-def _launch(x, qs, d, config, out, asm, norm):
     N, K = qs.shape
     if out is None:
         out = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -185,11 +154,10 @@ def _launch(x, qs, d, config, out, asm, norm):
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     if qs.stride(0) % 16 or qs.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         qs = qs.clone()
-    x, norm_ptrs, norm_kw, res_out = norm_args(x, norm, K)
+    x = aligned_x(x)
     pdl = launch_kwargs(x.device)
     _q8_0_gemv_kernel[grid](
         x,
-        *norm_ptrs,
         qs.view(torch.int32),
         d,
         out,
@@ -205,8 +173,7 @@ def _launch(x, qs, d, config, out, asm, norm):
         SPLIT_K=cfg["SPLIT_K"],
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
-        **norm_kw,
         **launch_options(cfg, x.dtype),
         **pdl,
     )
-    return out, res_out
+    return out

@@ -17,17 +17,7 @@ from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-_COMMON = dict(
-    x_ptr="*bf16",
-    res_ptr="*bf16",
-    nw_ptr="*bf16",
-    res_out_ptr="*bf16",
-    out_ptr="*bf16",
-    part_ptr="*fp32",
-    lock_ptr="*i32",
-    N="i32",
-    eps="fp32",
-)
+_COMMON = dict(x_ptr="*bf16", out_ptr="*bf16", part_ptr="*fp32", lock_ptr="*i32", N="i32")
 Q8_SIG = dict(
     _COMMON,
     qw_ptr="*i32",
