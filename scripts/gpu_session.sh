@@ -18,6 +18,7 @@
 #           the dense TP=2 shard shapes; q32 qgemv then tp32; qtp quant sweep, quant, 8B TP1/TP2
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
+#   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
 #   intx, intxab, intx3  the int16-x quantized GEMVs (eighth session's kernel, ninth session's
 #           calls): tests, sweep into the tuned table, 8B decode; the exact path against it in
 #           one run; the table against the seventh session's, the last GPU tests, prompt 128; the
@@ -351,6 +352,14 @@ intx4)  # ninth session: the committed table (affine4 on int16 x, q8_0 exact) ag
   QUANTS=affine4 decode8 b8old 70
   cp /tmp/intx_table.json "$new"
   QUANTS="affine4 q8_0 none" decode8 b8f2 90
+  ;;
+s10)  # tenth session: the prompt-end cache's GPU tests, the 0.6B targets (prefix cache: the same
+  # prompt and a new last token), then 8B q8_0 / bf16 / affine4 decode on the new KV layout
+  step "GPU tests: prompt-end cache, graph paths"
+  timeout 170 python -m pytest -q -p no:cacheprovider --timeout 160 \
+    tests/conformance/test_prompt_end.py "tests/cuda/test_backend.py::test_gpu_graph_paths_equal_eager" \
+    2>&1 | tee "$OUT/tests_s10.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+  targets
   ;;
 final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
   # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts
