@@ -39,12 +39,16 @@ class PendingSamples:
         outs: list[SeqOutput],
         rows: list[int] | None = None,
         tokens: torch.Tensor | None = None,
+        pinned: torch.Tensor | None = None,
     ):
         self.outs, self.rows = outs, rows or []
         self.host, self.done = None, None
         if tokens is not None:
             if tokens.is_cuda:
-                self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                n = tokens.shape[0]
+                if pinned is None or pinned.shape[0] < n or pinned.dtype != tokens.dtype:
+                    pinned = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                self.host = pinned[:n]
                 self.host.copy_(tokens, non_blocking=True)
                 self.done = torch.cuda.Event()
                 self.done.record()
@@ -208,7 +212,6 @@ class ModelRunner:
         if hits:
             for j, i in enumerate(hits):
                 spans[i] = {-1: len(rows) + j}
-            cached = self.model.compute_logits(cached)
             logits = torch.cat([logits, cached]) if rows else cached
         plain = [
             (i, s)
@@ -244,18 +247,35 @@ class ModelRunner:
                 outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
             if s.return_logits:  # (a prompt-end hit's one row is row -1)
                 outs[i].logits = logits[[sp[j] for j in (range(n) if n else [-1])]].cpu().numpy()
-        return PendingSamples(outs, [i for i, _ in plain], toks if plain else None)
+        return PendingSamples(outs, [i for i, _ in plain], toks if plain else None, self._pinned())
+
+    def _pinned(self) -> torch.Tensor | None:
+        """The next of four pinned buffers for a step's samples (at most two steps are in flight:
+        allocating pinned memory each step costs ~50 us of host time)."""
+        if self.device.type != "cuda":
+            return None
+        if not hasattr(self, "_pins"):
+            self._pins = [
+                torch.empty(max(self.max_num_seqs, 1), dtype=torch.int64, pin_memory=True)
+                for _ in range(4)
+            ]
+            self._pin_next = 0
+        self._pin_next = (self._pin_next + 1) % len(self._pins)
+        return self._pins[self._pin_next]
 
     def _from_cache(self, batch: ModelInput, hits: list[int]) -> torch.Tensor:
-        """Prompt-end hits: copy their tail blocks and gather their saved hidden states [H, hidden],
-        before anything of this step writes a block or a slot."""
+        """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved
+        hidden states, before anything of this step writes a block or a slot. One hit (the usual
+        case) replays the head graph."""
         for i in hits:
             if batch.seqs[i].copy_block is not None:
                 kv_cache.copy_block(self._kv_stores, *batch.seqs[i].copy_block)
         slots = [batch.seqs[i].cached_hidden for i in hits]
-        if slots == list(range(slots[0], slots[0] + len(slots))):
-            return self.end_hidden[slots[0] : slots[0] + len(slots)].clone()
-        return self.end_hidden[self._index(slots)]
+        if len(slots) == 1 and ("head", 1) in self.graphs:
+            self.g_head_in.copy_(self.end_hidden[slots[0] : slots[0] + 1])
+            self.graphs["head", 1].replay()
+            return self.graph_out["head", 1]
+        return self.model.compute_logits(self.end_hidden[self._index(slots)])
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return upload(np.asarray(rows, dtype=np.int64), self.device)
@@ -308,6 +328,9 @@ class ModelRunner:
         pool = None
         keys = [("prefill", t) for t in reversed(self.prefill_tokens)]
         keys += [("decode", b) for b in reversed(self.graph_bs)]
+        if self.model.tp_size == 1:  # a prompt-end hit's vocabulary head
+            self.g_head_in = torch.zeros_like(self.end_hidden[:1])
+            keys.append(("head", 1))
         with torch.inference_mode():
             for key in keys:
                 # Warm-up inputs that read only block 0 and write nothing: one context position
@@ -335,6 +358,8 @@ class ModelRunner:
         """What a graph runs, reading only the staged device inputs: decode of `size` sequences
         (-> hidden, logits [size, V]), or one sequence's prefill of `size` tokens (-> hidden)."""
         g = self.g_in
+        if kind == "head":
+            return lambda: self.model.compute_logits(self.g_head_in)
         if kind == "decode":
 
             def run():

@@ -28,6 +28,7 @@ class NoOpBackend:
         self.config = inner.config
         self.block_size = inner.block_size
         self.num_blocks = inner.num_blocks
+        self.num_hidden_slots = 64  # prompt-end hits: the same prompt again runs no layer
 
     def execute(self, batch) -> list[SeqOutput]:
         return [SeqOutput(token_ids=[5]) for _ in batch.seqs]
