@@ -86,8 +86,7 @@ class BlockManager:
         hashes: list[int] = []
         parent_hash, parent = None, None
         tokens, by_hash, blocks = seq.token_ids, self._by_hash, self.blocks
-        for i in range(0, limit * bs, bs):
-            ids = tuple(tokens[i : i + bs])
+        for ids in [tuple(tokens[i : i + bs]) for i in range(0, limit * bs, bs)]:
             h = hash((parent_hash, ids))  # chain_hash, inline
             bid = by_hash.get(h)
             if bid is None:
@@ -110,9 +109,12 @@ class BlockManager:
         if end is None:
             hits = hits[: (seq.num_tokens - 1) // self.block_size]
             hashes = hashes[: len(hits)]
-        take = self._take
-        for bid in hits:
-            take(bid)
+        blocks = self.blocks
+        for bid in hits:  # _take, inline
+            b = blocks[bid]
+            if not b.ref_count:
+                self._pool(b).pop(bid, None)
+            b.ref_count += 1
         seq.block_table = list(hits)
         if end is not None and end.block is not None:
             src = end.block
