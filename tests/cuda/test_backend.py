@@ -188,15 +188,22 @@ def test_gpu_graph_paths_equal_eager(tiny_path):
     eager = LLM(str(tiny_path), backend="cuda", dtype="float32", enforce_eager=True)
     runner = graphs.backend.runner
     assert runner.prefill_tokens == list(PREFILL_GRAPH_TOKENS)
-    for n in (1, 5, 16, 17, 100, 256, 300):  # graph buckets, their edges, and eager above them
+    # graph buckets, their edges, and eager above them
+    _graphs_equal_eager(graphs, eager, (1, 5, 16, 17, 100, 256, 300))
+
+
+def _graphs_equal_eager(graphs, eager, sizes) -> None:
+    """Logits of one prompt of each size, greedy tokens of three prompts, then a prompt-end hit
+    (no layer runs) and a prefix hit whose 8 new tokens run through the 16-token graph."""
+    for n in sizes:
         ids = list(range(500, 500 + n))
         assert rel_err(graphs.logits(ids), eager.logits(ids)) <= 1e-5
     prompts = [list(range(3, 3 + n)) for n in (40, 7, 90)]
     want = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert [o.token_ids for o in graphs.generate(prompts, GREEDY)] == want
-    again = graphs.generate(prompts[:1], GREEDY)[0]  # a prompt-end hit: no layer runs
+    again = graphs.generate(prompts[:1], GREEDY)[0]
     assert again.token_ids == want[0] and again.metrics.num_cached_tokens == 40
-    other = prompts[0][:-1] + [999]  # cached prefix, 8 tokens through the 16-token graph
+    other = prompts[0][:-1] + [999]
     got = graphs.generate([other], GREEDY)[0]
     assert got.token_ids == eager.generate([other], GREEDY)[0].token_ids
     assert got.metrics.num_cached_tokens == 32
@@ -267,18 +274,7 @@ def test_graph_staging_and_padding_equal_eager_on_cpu(tiny_path, monkeypatch):
     runner.capture()
     assert runner.graph_bs == [1, 2, 4, 5] and runner.prefill_tokens[0] == 16
     eager = LLM(str(tiny_path), backend="cuda", dtype="float32", max_num_seqs=5)
-    for n in (1, 5, 16, 17, 100):
-        ids = list(range(500, 500 + n))
-        assert rel_err(staged.logits(ids), eager.logits(ids)) <= 1e-5
-    prompts = [list(range(3, 3 + n)) for n in (40, 7, 90)]
-    want = [o.token_ids for o in eager.generate(prompts, GREEDY)]
-    assert [o.token_ids for o in staged.generate(prompts, GREEDY)] == want
-    again = staged.generate(prompts[:1], GREEDY)[0]  # a prompt-end hit: no layer runs
-    assert again.token_ids == want[0] and again.metrics.num_cached_tokens == 40
-    other = prompts[0][:-1] + [999]  # cached prefix, 8 tokens through the 16-token graph
-    got = staged.generate([other], GREEDY)[0]
-    assert got.token_ids == eager.generate([other], GREEDY)[0].token_ids
-    assert got.metrics.num_cached_tokens == 32
+    _graphs_equal_eager(staged, eager, (1, 5, 16, 17, 100))
 
 
 def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monkeypatch):
