@@ -112,3 +112,16 @@ def test_prompt_end_not_with_prompt_logprobs(make_llm):
     out = llm.generate([p], sp)[0]
     assert llm.engine.block_manager.ends.hits == 0
     assert len(out.prompt_logprobs) == len(p)
+
+
+def test_prompt_end_with_q8_0_kv(make_llm, backend):
+    """The tail copy moves a q8_0 KV block's values and its scales."""
+    if backend == "oracle":
+        pytest.skip("the oracle keeps unquantized KV only")
+    p = prompts(1, seed=25, lo=45, hi=46)[0]
+    llm = _with_slots(make_llm, kv_quant="q8_0")
+    llm.generate([p], GREEDY)
+    hot = llm.generate([p], GREEDY)[0]
+    assert llm.engine.block_manager.ends.hits == 1
+    cold = make_llm(kv_quant="q8_0", enable_prefix_caching=False).generate([p], GREEDY)[0]
+    assert_same(hot, cold)
