@@ -249,9 +249,9 @@ class BlockManager:
         key = self.ends.key(chain[full - 1] if full else None, tail)
         b = self.blocks[seq.block_table[full]] if tail else None
         if (full and parent is None) or key in self.ends.entries or (b and b.end_key is not None):
-            self.ends.free_slots.append(slot)
+            self.ends.free_slots.append(slot)  # nothing new to keep
             return
-        self.ends.entries[key] = PromptEnd(key, tail, parent, b.block_id if b else None, slot)
+        self.ends.add(PromptEnd(key, tail, parent, b.block_id if b else None, slot))
         if b is not None:
             b.end_key = key
 

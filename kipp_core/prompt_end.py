@@ -62,6 +62,9 @@ class PromptEnds:
         if r is not None:
             self.free_slots.append(r[0])
 
+    def add(self, e: PromptEnd) -> None:
+        self.entries[e.key] = e
+
     def remove(self, e: PromptEnd) -> None:
         del self.entries[e.key]
         self.free_slots.append(e.slot)

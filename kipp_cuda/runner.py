@@ -21,6 +21,7 @@ from kipp_core.spec_decode import verify_drafts
 from kipp_cuda import kv_cache
 from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.model import Qwen3Model
+from kipp_cuda.pending import PendingSamples, PinnedRing
 from kipp_cuda.sampler import sample_tokens, token_logprobs
 from kipp_cuda.staging import upload
 
@@ -28,41 +29,6 @@ log = logging.getLogger("kipp")
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
 NUM_HIDDEN_SLOTS = 64  # final hidden states of finished prompts (kipp_core.prompt_end)
 IDS, POS, SLOT, CTX = range(4)  # rows of the staged int64 inputs
-
-
-class PendingSamples:
-    """A queued step's outputs: everything but the sampled tokens is filled in; those are copied
-    to pinned host memory behind the step and read when `result()` is called."""
-
-    def __init__(
-        self,
-        outs: list[SeqOutput],
-        rows: list[int] | None = None,
-        tokens: torch.Tensor | None = None,
-        pinned: torch.Tensor | None = None,
-    ):
-        self.outs, self.rows = outs, rows or []
-        self.host, self.done = None, None
-        if tokens is not None:
-            if tokens.is_cuda:
-                n = tokens.shape[0]
-                if pinned is None or pinned.shape[0] < n or pinned.dtype != tokens.dtype:
-                    pinned = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-                self.host = pinned[:n]
-                self.host.copy_(tokens, non_blocking=True)
-                self.done = torch.cuda.Event()
-                self.done.record()
-            else:
-                self.host = tokens
-
-    def result(self) -> list[SeqOutput]:
-        if self.host is not None:
-            if self.done is not None:
-                self.done.synchronize()
-            for i, t in zip(self.rows, self.host.tolist()):
-                self.outs[i].token_ids = [t]
-            self.host = None
-        return self.outs
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -95,6 +61,7 @@ class ModelRunner:
         hidden = model.config.hidden_size
         self.end_hidden = torch.zeros((NUM_HIDDEN_SLOTS, hidden), dtype=model.dtype, device=device)
         self._kv_stores = kv_cache.stores(kv_caches)
+        self._pins = PinnedRing(max(max_num_seqs, 1), device)
         if use_graphs:
             self.capture()
 
@@ -247,21 +214,9 @@ class ModelRunner:
                 outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
             if s.return_logits:  # (a prompt-end hit's one row is row -1)
                 outs[i].logits = logits[[sp[j] for j in (range(n) if n else [-1])]].cpu().numpy()
-        return PendingSamples(outs, [i for i, _ in plain], toks if plain else None, self._pinned())
-
-    def _pinned(self) -> torch.Tensor | None:
-        """The next of four pinned buffers for a step's samples (at most two steps are in flight:
-        allocating pinned memory each step costs ~50 us of host time)."""
-        if self.device.type != "cuda":
-            return None
-        if not hasattr(self, "_pins"):
-            self._pins = [
-                torch.empty(max(self.max_num_seqs, 1), dtype=torch.int64, pin_memory=True)
-                for _ in range(4)
-            ]
-            self._pin_next = 0
-        self._pin_next = (self._pin_next + 1) % len(self._pins)
-        return self._pins[self._pin_next]
+        return PendingSamples(
+            outs, [i for i, _ in plain], toks if plain else None, self._pins.next()
+        )
 
     def _from_cache(self, batch: ModelInput, hits: list[int]) -> torch.Tensor:
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved

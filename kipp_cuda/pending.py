@@ -1,0 +1,59 @@
+"""A queued step's samples on their way to the host: the step's outputs wait in PendingSamples
+until `result()`, and the sampled tokens travel through pinned buffers that are reused."""
+
+from __future__ import annotations
+
+import torch
+
+from kipp_core.backend import SeqOutput
+
+
+class PinnedRing:
+    """Four pinned int64 buffers handed out in turn. At most two steps are in flight (async
+    scheduling), and allocating pinned memory every step cost ~50 us of host time."""
+
+    def __init__(self, size: int, device: torch.device):
+        pin = device.type == "cuda"
+        self.bufs = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(4 * pin)]
+        self.i = 0
+
+    def next(self) -> torch.Tensor | None:
+        if not self.bufs:
+            return None
+        self.i = (self.i + 1) % len(self.bufs)
+        return self.bufs[self.i]
+
+
+class PendingSamples:
+    """A queued step's outputs: everything but the sampled tokens is filled in; those are copied
+    to pinned host memory behind the step and read when `result()` is called."""
+
+    def __init__(
+        self,
+        outs: list[SeqOutput],
+        rows: list[int] | None = None,
+        tokens: torch.Tensor | None = None,
+        pinned: torch.Tensor | None = None,
+    ):
+        self.outs, self.rows = outs, rows or []
+        self.host, self.done = None, None
+        if tokens is not None:
+            if tokens.is_cuda:
+                n = tokens.shape[0]
+                if pinned is None or pinned.shape[0] < n or pinned.dtype != tokens.dtype:
+                    pinned = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                self.host = pinned[:n]
+                self.host.copy_(tokens, non_blocking=True)
+                self.done = torch.cuda.Event()
+                self.done.record()
+            else:
+                self.host = tokens
+
+    def result(self) -> list[SeqOutput]:
+        if self.host is not None:
+            if self.done is not None:
+                self.done.synchronize()
+            for i, t in zip(self.rows, self.host.tolist()):
+                self.outs[i].token_ids = [t]
+            self.host = None
+        return self.outs
