@@ -99,7 +99,9 @@ def reference_encode(text: str) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60))
+# Cn excluded: code points unassigned in Python's Unicode data (14.0) but assigned since split
+# differently in the regex package (newer tables) than in Hugging Face tokenizers (U+3D000).
+@given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cn")), max_size=60))
 def test_random_text_matches_reference_bpe(tok, text):
     if any(c for _, c, _ in ADDED_TOKENS if c in text):
         return
