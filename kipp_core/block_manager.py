@@ -103,17 +103,23 @@ class BlockManager:
         """At admission: take the verified cached prefix blocks and count them as computed. A
         prompt-end hit takes every token: the tail block is copied (seq.cached_end)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        full = seq.num_tokens // self.block_size
-        hits, hashes = self._match(seq, full if self.ends.entries else None)
-        end = self._match_end(seq, hits) if len(hits) == full else None
-        if end is None:
-            hits = hits[: (seq.num_tokens - 1) // self.block_size]
-            hashes = hashes[: len(hits)]
-        blocks = self.blocks
-        for bid in hits:  # _take, inline
+        end = self._match_end(seq)
+        if end is not None:
+            hits, hashes = end.blocks, list(end.hashes)
+        else:
+            hits, hashes = self._match(seq, None)
+        blocks, ends, cached, plain = (
+            self.blocks,
+            self._free_end,
+            self._free_cached,
+            self._free_plain,
+        )
+        for bid in hits:  # _take and _pool, inline: this loop is on the first token's path
             b = blocks[bid]
             if not b.ref_count:
-                self._pool(b).pop(bid, None)
+                (ends if b.end_key is not None else cached if b.hash is not None else plain).pop(
+                    bid, None
+                )
             b.ref_count += 1
         seq.block_table = list(hits)
         if end is not None and end.block is not None:
@@ -122,7 +128,7 @@ class BlockManager:
             if self.num_free_blocks:
                 seq.block_table.append(self._pop_free())
             else:
-                end = None  # no block for the copy: compute the tail instead
+                end = None  # no block for the copy: compute the tail (hits are its full blocks)
             self._release(src)
         seq.num_computed_tokens = len(hits) * self.block_size
         if end is not None:
@@ -242,32 +248,31 @@ class BlockManager:
         if r is None:
             return
         slot, n = r
-        bs, chain = self.block_size, self._chain.get(seq.seq_id, [])
-        full = n // bs
-        tail = tuple(seq.token_ids[full * bs : n])
-        parent = self._link(chain[full - 1]) if full and len(chain) >= full else None
-        key = self.ends.key(chain[full - 1] if full else None, tail)
-        b = self.blocks[seq.block_table[full]] if tail else None
-        if (full and parent is None) or key in self.ends.entries or (b and b.end_key is not None):
+        full = n // self.block_size
+        chain = self._chain.get(seq.seq_id, [])[:full]
+        full_blocks = [self._by_hash.get(h) for h in chain]
+        prompt = tuple(seq.token_ids[:n])
+        b = self.blocks[seq.block_table[full]] if n % self.block_size else None
+        if (
+            len(chain) < full
+            or None in full_blocks
+            or self.ends.key(prompt) in self.ends.entries
+            or (b and b.end_key is not None)
+        ):
             self.ends.free_slots.append(slot)  # nothing new to keep
             return
-        self.ends.add(PromptEnd(key, tail, parent, b.block_id if b else None, slot))
+        gens = [self.blocks[bid].generation for bid in full_blocks]
+        key = self.ends.key(prompt)
+        self.ends.add(PromptEnd(key, prompt, full_blocks, gens, chain, b and b.block_id, slot))
         if b is not None:
             b.end_key = key
 
-    def _link(self, h: int) -> tuple[int, int] | None:
-        bid = self._by_hash.get(h)
-        return None if bid is None else (bid, self.blocks[bid].generation)
-
-    def _match_end(self, seq: Sequence, hits: list[int]) -> PromptEnd | None:
-        """The verified entry for all of seq's tokens, given its full blocks' verified hits."""
-        if not self.ends.entries or seq.wants_prompt_logprobs:
+    def _match_end(self, seq: Sequence) -> PromptEnd | None:
+        """The verified entry for all of seq's tokens: one hash of the prompt, not a walk over
+        its blocks (kipp_core.prompt_end)."""
+        if not self.enable_prefix_caching or seq.wants_prompt_logprobs or not self.ends.entries:
             return None
-        bs = self.block_size
-        tail = tuple(seq.token_ids[len(hits) * bs :])
-        last = self.blocks[hits[-1]] if hits else None
-        parent = (last.block_id, last.generation) if last else None
-        return self.ends.lookup(self.ends.key(last.hash if last else None, tail), tail, parent)
+        return self.ends.lookup(tuple(seq.token_ids), self.blocks, self._drop_end)
 
     def _drop_end(self, e: PromptEnd) -> None:
         self.ends.remove(e)

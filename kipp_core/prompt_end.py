@@ -10,10 +10,12 @@ its own tokens after the tail), and samples from the saved hidden state: the bac
 the vocabulary head (SeqInput.cached_hidden). The hidden state is a function of the prompt's
 tokens alone, so the first token's logits are the cold run's.
 
-An entry is verified like a prefix hit: the full blocks must match by token ids and parent
-links, and then the tail's token ids and its parent link (the last full block's id and
-generation) must equal the entry's. Entries are evicted least recently used first when a slot is
-needed, and with their tail block when the block allocator reuses it.
+An entry is found by a hash of the whole prompt, not by walking its blocks: the lookup is on the
+path of the first token, and walking a 6,890-token prompt's 215 blocks in Python took ~0.3 ms. It
+is verified by comparing the prompt's token ids and each full block's generation (bumped whenever
+the allocator reuses a block), so the blocks still hold what they held when the entry was made, and
+a hash collision can never serve another prompt. Entries are evicted least recently used first
+when a slot is needed, and with their tail block when the block allocator reuses it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 @dataclass
 class PromptEnd:
     key: int
-    tail: tuple[int, ...]  # the prompt's tokens after its last full block
-    parent: tuple[int, int] | None  # (block_id, generation) of the last full block
+    prompt: tuple[int, ...]  # all of the prompt's token ids
+    blocks: list[int]  # its full blocks, in order
+    generations: list[int]  # each full block's generation when the entry was made
+    hashes: list[int]  # their prefix-cache chain hashes (the hit's sequence publishes after them)
     block: int | None  # the block holding the tail's K/V (None: the prompt fills its blocks)
     slot: int  # the backend's hidden-state slot
 
@@ -41,8 +45,8 @@ class PromptEnds:
         self.hits = 0
 
     @staticmethod
-    def key(last_hash: int | None, tail: tuple[int, ...]) -> int:
-        return hash(("end", last_hash, tail))
+    def key(prompt: tuple[int, ...]) -> int:
+        return hash(prompt)
 
     def reserve(self, seq_id: int, num_tokens: int, drop) -> int | None:
         """A slot for the hidden state of seq's last prompt row, evicting the least recently used
@@ -69,9 +73,15 @@ class PromptEnds:
         del self.entries[e.key]
         self.free_slots.append(e.slot)
 
-    def lookup(self, key: int, tail: tuple[int, ...], parent) -> PromptEnd | None:
-        e = self.entries.get(key)
-        if e is None or e.tail != tail or e.parent != parent:
+    def lookup(self, prompt: tuple[int, ...], blocks, drop) -> PromptEnd | None:
+        """The entry for exactly `prompt` whose full blocks are unchanged (each of `blocks[id]`
+        still has the recorded generation), or None. An entry with a reused block can never
+        verify again (generations only grow), so it is dropped (through `drop`)."""
+        e = self.entries.get(self.key(prompt))
+        if e is None or e.prompt != prompt:
             return None
-        self.entries.move_to_end(key)
+        if [blocks[b].generation for b in e.blocks] != e.generations:
+            drop(e)
+            return None
+        self.entries.move_to_end(e.key)
         return e

@@ -46,8 +46,8 @@ class PendingSamples:
                 self.host.copy_(tokens, non_blocking=True)
                 self.done = torch.cuda.Event()
                 self.done.record()
-            else:
-                self.host = tokens
+            else:  # a copy: the tokens may be a graph's output, which the next step rewrites
+                self.host = tokens.clone()
 
     def result(self) -> list[SeqOutput]:
         if self.host is not None:

@@ -97,23 +97,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ModelInput) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden [T, hidden], None) for every new token of the batch, or (hidden, logits [B, V])
-        from a decode graph, whose rows are the batch's tokens."""
+        """(hidden [T, hidden], None, None) for every new token of the batch, or (hidden, logits
+        [B, V], their argmax [B]) from a decode graph, whose rows are the batch's tokens."""
         ids, positions, slots, bt, ctx, q_lens = self._prepare(batch)
         pending = self._pending(batch, ids, q_lens)
         B, T = len(batch.seqs), len(ids)
         is_decode = bool((q_lens == 1).all())
         if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
             bs = next(b for b in self.graph_bs if b >= B)
-            h, logits = self._replay(("decode", bs), pending, ids, positions, slots, bt, ctx)
-            return h[:B], logits[:B]
+            h, logits, top = self._replay(("decode", bs), pending, ids, positions, slots, bt, ctx)
+            return h[:B], logits[:B], top[:B]
         if B == 1 and not is_decode and self.prefill_tokens and T <= self.prefill_tokens[-1]:
             tb = next(t for t in self.prefill_tokens if t >= T)
             # Padded queries sit at positions up to start + tb - 1: inside the block table.
             if int(ctx[0]) - T + tb <= self.max_blocks * self.block_size:
-                return self._replay(("prefill", tb), pending, ids, positions, slots, bt, ctx)[
-                    :T
-                ], None
+                h = self._replay(("prefill", tb), pending, ids, positions, slots, bt, ctx)
+                return h[:T], None, None
         cu = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(q_lens, out=cu[1:])
         meta = AttentionMetadata(
@@ -127,7 +126,7 @@ class ModelRunner:
         )
         ids_t = self._tensor(ids)
         self._fill_pending(ids_t, pending)
-        return self.model(ids_t, self._tensor(positions), self.kv_caches, meta), None
+        return self.model(ids_t, self._tensor(positions), self.kv_caches, meta), None, None
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
         return self.execute_async(batch).result()
@@ -138,9 +137,10 @@ class ModelRunner:
         plain sampling is asked (logprobs, scores, drafts and raw logits wait for their values).
         PENDING tokens of the batch are this runner's previous samples for the same sequences."""
         hits = [i for i, s in enumerate(batch.seqs) if s.cached_hidden is not None]
-        cached = self._from_cache(batch, hits) if hits else None
+        cached, cached_top = self._from_cache(batch, hits) if hits else (None, None)
         run = ModelInput([s for s in batch.seqs if s.cached_hidden is None]) if hits else batch
-        hidden, logits = self.forward(run) if run.seqs else (None, None)
+        # top: the graph's argmax of each logits row (a greedy batch needs no argmax launch)
+        hidden, logits, top = self.forward(run) if run.seqs else (None, None, None)
         # Which rows need logits: every row (return_logits), score rows, the sampling rows.
         rows, spans = [], []
         off = 0
@@ -175,11 +175,11 @@ class ModelRunner:
         if rows and logits is None:
             logits = self.model.compute_logits(hidden[self._index(rows)])
         elif rows and len(rows) != logits.shape[0]:
-            logits = logits[self._index(rows)]
+            logits, top = logits[self._index(rows)], None
         if hits:
             for j, i in enumerate(hits):
                 spans[i] = {-1: len(rows) + j}
-            logits = torch.cat([logits, cached]) if rows else cached
+            logits, top = (torch.cat([logits, cached]), None) if rows else (cached, cached_top)
         plain = [
             (i, s)
             for i, s in enumerate(batch.seqs)
@@ -188,9 +188,12 @@ class ModelRunner:
         self._last_tokens, self._last_rows = None, {}
         if plain:
             idx = [spans[i][len(s.token_ids) - 1] for i, s in plain]
-            picked = logits if idx == list(range(logits.shape[0])) else logits[idx]
+            every = idx == list(range(logits.shape[0]))
             toks, lps = sample_tokens(
-                picked, [s.sampler for _, s in plain], [s.num_logprobs for _, s in plain]
+                logits if every else logits[idx],
+                [s.sampler for _, s in plain],
+                [s.num_logprobs for _, s in plain],
+                argmax=top if every else None,
             )
             self._last_tokens = toks
             self._last_rows = {s.seq_id: j for j, (_, s) in enumerate(plain)}
@@ -218,10 +221,10 @@ class ModelRunner:
             outs, [i for i, _ in plain], toks if plain else None, self._pins.next()
         )
 
-    def _from_cache(self, batch: ModelInput, hits: list[int]) -> torch.Tensor:
+    def _from_cache(self, batch: ModelInput, hits: list[int]):
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved
         hidden states, before anything of this step writes a block or a slot. One hit (the usual
-        case) replays the head graph."""
+        case) replays the head graph, which also gives the logits' argmax; else that is None."""
         for i in hits:
             if batch.seqs[i].copy_block is not None:
                 kv_cache.copy_block(self._kv_stores, *batch.seqs[i].copy_block)
@@ -230,7 +233,7 @@ class ModelRunner:
             self.g_head_in.copy_(self.end_hidden[slots[0] : slots[0] + 1])
             self.graphs["head", 1].replay()
             return self.graph_out["head", 1]
-        return self.model.compute_logits(self.end_hidden[self._index(slots)])
+        return self.model.compute_logits(self.end_hidden[self._index(slots)]), None
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return upload(np.asarray(rows, dtype=np.int64), self.device)
@@ -314,7 +317,12 @@ class ModelRunner:
         (-> hidden, logits [size, V]), or one sequence's prefill of `size` tokens (-> hidden)."""
         g = self.g_in
         if kind == "head":
-            return lambda: self.model.compute_logits(self.g_head_in)
+
+            def head():
+                logits = self.model.compute_logits(self.g_head_in)
+                return logits, logits.argmax(dim=-1)
+
+            return head
         if kind == "decode":
 
             def run():
@@ -326,7 +334,8 @@ class ModelRunner:
                     max_context_len=self.max_model_len,
                 )
                 h = self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
-                return h, self.model.compute_logits(h)
+                logits = self.model.compute_logits(h)
+                return h, logits, logits.argmax(dim=-1)
 
             return run
         # Kept on self: a graph holds raw addresses, so its constant inputs must outlive it.

@@ -203,9 +203,12 @@ def sample_tokens(
     logits: torch.Tensor,
     states: Sequence[SamplerState],
     num_logprobs: Sequence[int | None] | None = None,
+    argmax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[TokenLogprob | None] | None]:
     """sample_rows with the tokens left on the device (int64 [B]): greedy and temperature-only
-    batches without logprobs queue their kernels and return without waiting for them."""
+    batches without logprobs queue their kernels and return without waiting for them. `argmax`,
+    when given, is logits.argmax(-1) already computed (in a CUDA graph): a greedy batch whose
+    logits need no processing takes it instead of launching its own."""
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(
             f"logits must be [B, V] with one row per state, got "
@@ -221,7 +224,7 @@ def sample_tokens(
     x = process_logits(raw, states) if any(_needs_processing(st) for st in states) else raw
     greedy = [st.params.is_greedy for st in states]
     if all(greedy):
-        tokens = x.argmax(dim=-1)
+        tokens = argmax if argmax is not None and x is raw else x.argmax(dim=-1)
     else:
         rand = [i for i, g in enumerate(greedy) if not g]
         # Row indices only for a mixed batch (an all-random one needs no upload).

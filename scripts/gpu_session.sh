@@ -361,6 +361,25 @@ s10)  # tenth session: the prompt-end cache's GPU tests, the 0.6B targets (prefi
     2>&1 | tee "$OUT/tests_s10.log" | grep -E "passed|failed|FAIL|Error" | tail -8
   targets
   ;;
+s11)  # eleventh session: the prompt-end lookup by one hash, the argmax in the graphs; GPU tests
+  # (prompt-end cache, graph paths, sampler, quantize-at-load with affine8's failure in full), the
+  # hit's profile, then `targets` (0.6B; 8B when $2 is "8b")
+  step "GPU tests: prompt-end cache, graph paths, sampler, quantize at load"
+  timeout 200 python -m pytest -q -p no:cacheprovider --timeout 160 -rf \
+    tests/conformance/test_prompt_end.py "tests/cuda/test_backend.py::test_gpu_graph_paths_equal_eager" \
+    tests/cuda/test_sampler.py "tests/cuda/test_backend.py::test_quantize_at_load_equals_stored_checkpoint" \
+    2>&1 | tee "$OUT/tests_s11.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+  step "prompt-end hit profile"
+  timeout 120 python scripts/profile_prefix_hit.py --shape qwen3-0.6b --prompt-len 6890 --runs 20 \
+    --out "$OUT" 2>&1 | grep -E "^##|^  " | head -24
+  if [ "${2:-}" = 8b ]; then targets; else
+    step "0.6B targets"
+    timeout 240 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+      --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+      --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
+      --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
+  fi
+  ;;
 final7)  # seventh session's last call: decode attention GPU tests (merge loads, prefetch, graphs),
   # PDL on = off, then 0.6B batch-1 decode (transformers peer) and 8B bf16/q8_0/affine4 at prompts
   # of 2048 and 128 tokens

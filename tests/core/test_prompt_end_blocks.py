@@ -75,3 +75,38 @@ def test_a_reservation_is_released_when_its_sequence_is_freed():
     bm.free(seq)  # aborted before its step came back
     bm.check_all_free()
     assert bm.ends.free_slots == [0] and not bm.ends.entries
+
+
+def test_an_entry_whose_full_block_was_reused_is_dropped_not_served():
+    bm = BlockManager(8, BS, num_hidden_slots=2)
+    a = _run_prompt(bm, 1, list(range(10)))  # blocks 0, 1 full, block 2 the tail
+    bm.free(a)  # free order: the tail to its pool, then 1 and 0 to the cached pool (LRU)
+    other = Sequence(2, "2", list(range(100, 124)), SamplingParams(), 0)
+    bm.allocate_prefix(other)
+    assert bm.allocate(other, 24)  # the 5 plain blocks, then block 1: evicted and rewritten
+    assert a.seq_id and 1 in other.block_table and 0 not in other.block_table
+    bm.free(other)
+    again = _run_prompt(bm, 3, list(range(10)))
+    # Block 1 changed: no prompt-end hit, only block 0 through the prefix cache.
+    assert again.cached_end is None and again.num_cached_tokens == BS
+    assert len(bm.ends.entries) == 1  # the stale entry went; `again` published a new one
+    bm.free(again)
+    hit = _run_prompt(bm, 4, list(range(10)))
+    assert hit.cached_end is not None and hit.num_cached_tokens == 10
+    bm.free(hit)
+    bm.check_all_free()
+
+
+def test_a_hash_collision_never_serves_another_prompt(monkeypatch):
+    from kipp_core.prompt_end import PromptEnds
+
+    monkeypatch.setattr(PromptEnds, "key", staticmethod(lambda prompt: 0))  # every prompt collides
+    bm = BlockManager(16, BS, num_hidden_slots=2)
+    a = _run_prompt(bm, 1, list(range(10)))
+    b = _run_prompt(bm, 2, list(range(1, 11)))  # same length, other tokens, same key
+    assert b.cached_end is None and b.num_cached_tokens == 0
+    c = _run_prompt(bm, 3, list(range(10)))
+    assert c.cached_end is not None and c.block_table[:2] == a.block_table[:2]
+    for s in (a, b, c):
+        bm.free(s)
+    bm.check_all_free()

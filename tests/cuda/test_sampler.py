@@ -5,6 +5,7 @@ kernels (noise, top-p) run under the interpreter; the gpu tests use Qwen3's voca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -147,6 +148,30 @@ def test_greedy_batch_is_one_argmax_and_draws_no_noise(monkeypatch):
     monkeypatch.setattr(ds, "uniform_rows", None)  # any noise would fail
     toks, lps = ds.sample_rows(torch.from_numpy(logits).to(DEV), states)
     assert toks == np.argmax(logits, axis=-1).tolist() and toks[2] == 4 and lps is None
+
+
+def test_a_graphs_argmax_serves_only_a_greedy_batch_that_needs_no_processing():
+    """sample_tokens takes a precomputed argmax (a CUDA graph's) for plain greedy rows; a bias or
+    a sampled row must not take it. The given argmax is deliberately wrong, so taking it shows."""
+    rng = np.random.default_rng(4)
+    logits = torch.from_numpy(random_logits(rng, 3, 300)).to(DEV)
+    marker = torch.full((3,), 7, dtype=torch.int64, device=DEV)
+    greedy = [state(300, rng, temperature=0.0) for _ in range(3)]
+    for st in greedy:
+        st.prompt_token_ids, st.output_token_ids = [], []
+    toks, _ = ds.sample_tokens(logits, greedy, argmax=marker)
+    assert toks.tolist() == [7, 7, 7]  # taken, not recomputed
+    biased = [
+        dataclasses.replace(st, params=SamplingParams(temperature=0.0, logit_bias={5: 100}))
+        for st in greedy
+    ]
+    toks, _ = ds.sample_tokens(logits, biased, argmax=marker)
+    assert toks.tolist() == [5, 5, 5]
+    mixed = greedy[:2] + [state(300, rng, temperature=1.0)]
+    mixed[2].prompt_token_ids, mixed[2].output_token_ids = [], []
+    toks, _ = ds.sample_tokens(logits, mixed, argmax=marker)
+    want = ds.sample_tokens(logits, mixed)[0].tolist()
+    assert toks.tolist() == want and want[:2] == logits[:2].argmax(-1).tolist()
 
 
 def test_temperature_only_batch_skips_the_filters(monkeypatch):
