@@ -251,28 +251,28 @@ class BlockManager:
         full = n // self.block_size
         chain = self._chain.get(seq.seq_id, [])[:full]
         full_blocks = [self._by_hash.get(h) for h in chain]
-        prompt = tuple(seq.token_ids[:n])
+        prompt = seq.token_ids[:n]
         b = self.blocks[seq.block_table[full]] if n % self.block_size else None
         if (
             len(chain) < full
             or None in full_blocks
-            or self.ends.key(prompt) in self.ends.entries
+            or self.ends.find(prompt) is not None
             or (b and b.end_key is not None)
         ):
             self.ends.free_slots.append(slot)  # nothing new to keep
             return
         gens = [self.blocks[bid].generation for bid in full_blocks]
-        key = self.ends.key(prompt)
-        self.ends.add(PromptEnd(key, prompt, full_blocks, gens, chain, b and b.block_id, slot))
+        self.ends.add(PromptEnd(prompt, full_blocks, gens, chain, b and b.block_id, slot))
         if b is not None:
-            b.end_key = key
+            b.end_key = slot
 
     def _match_end(self, seq: Sequence) -> PromptEnd | None:
-        """The verified entry for all of seq's tokens: one hash of the prompt, not a walk over
-        its blocks (kipp_core.prompt_end)."""
+        """The verified entry for all of seq's tokens, found without a walk over its blocks
+        (kipp_core.prompt_end)."""
         if not self.enable_prefix_caching or seq.wants_prompt_logprobs or not self.ends.entries:
             return None
-        return self.ends.lookup(tuple(seq.token_ids), self.blocks, self._drop_end)
+        ids = seq.token_ids if seq.output_token_ids else seq.prompt_token_ids  # (no list copy)
+        return self.ends.lookup(ids, self.blocks, self._drop_end)
 
     def _drop_end(self, e: PromptEnd) -> None:
         self.ends.remove(e)

@@ -9,6 +9,7 @@ import torch
 
 from kipp_core.config import ModelConfig
 from kipp_cuda.attention import LayerKV
+from kipp_cuda.kernels.block_copy import copy_block as copy_store_block
 
 log = logging.getLogger("kipp")
 
@@ -128,7 +129,8 @@ def stores(caches: list[LayerKV]) -> list[tuple[torch.Tensor, int]]:
     return list(out.values())
 
 
-def copy_block(stores_: list[tuple[torch.Tensor, int]], src: int, dst: int) -> None:
-    """Block src's K/V (and scales) into block dst, in every layer."""
+def copy_block(stores_: list[tuple[torch.Tensor, int]], blocks: torch.Tensor) -> None:
+    """Block src's K/V (and scales) into block dst, in every layer; `blocks` is (src, dst), int64
+    on the device (src < 0: nothing), so that a CUDA graph can hold the copy."""
     for t, dim in stores_:
-        t.select(dim, dst).copy_(t.select(dim, src))
+        copy_store_block(t, blocks, dim)

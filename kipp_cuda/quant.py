@@ -1,4 +1,9 @@
-"""Quantize weights at load, on the device, exactly as kipp_core.quant's numpy references do."""
+"""Quantize weights at load, on the device, exactly as kipp_core.quant's numpy references do.
+
+Divisors are tensors, never Python numbers: on CUDA, torch divides by a Python scalar as a multiply
+by its reciprocal, which rounds differently from numpy's division (affine8's 1/255 moved scales by
+an ulp, and the at-load model's logits off the stored checkpoint's, on the H200).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,15 @@ import torch
 from kipp_core.quant import QK8_0, check_scheme
 
 
+def _const(x: float, device: torch.device) -> torch.Tensor:
+    """x as a float32 tensor on `device`: a true divisor (see the top)."""
+    return torch.tensor(x, dtype=torch.float32, device=device)
+
+
 def quantize_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] -> qs int8 [N, K], d fp16 [N, K/32] (ggml quantize_row_q8_0_ref)."""
     wf = w.float().reshape(w.shape[0], -1, QK8_0)
-    d = wf.abs().amax(dim=-1) / 127.0
+    d = wf.abs().amax(dim=-1) / _const(127.0, w.device)
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
     x = wf * inv[..., None]
     qs = (torch.sign(x) * torch.floor(x.abs() + 0.5)).to(torch.int8)  # roundf: half away from 0
@@ -24,7 +34,7 @@ def quantize_affine(w: torch.Tensor, bits: int, group_size: int):
     n_bins = float(2**bits - 1)
     w_max, w_min = g.amax(dim=-1), g.amin(dim=-1)
     mask = w_min.abs() > w_max.abs()
-    scale = torch.clamp((w_max - w_min) / n_bins, min=1e-7)
+    scale = torch.clamp((w_max - w_min) / _const(n_bins, w.device), min=1e-7)
     scale = torch.where(mask, scale, -scale)
     edge = torch.where(mask, w_min, w_max)
     q0 = torch.round(edge / scale)  # torch.round is half to even, like rint

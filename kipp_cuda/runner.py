@@ -224,15 +224,22 @@ class ModelRunner:
     def _from_cache(self, batch: ModelInput, hits: list[int]):
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved
         hidden states, before anything of this step writes a block or a slot. One hit (the usual
-        case) replays the head graph, which also gives the logits' argmax; else that is None."""
-        for i in hits:
-            if batch.seqs[i].copy_block is not None:
-                kv_cache.copy_block(self._kv_stores, *batch.seqs[i].copy_block)
-        slots = [batch.seqs[i].cached_hidden for i in hits]
-        if len(slots) == 1 and ("head", 1) in self.graphs:
-            self.g_head_in.copy_(self.end_hidden[slots[0] : slots[0] + 1])
+        case) replays the head graph: the copy, the head and the logits' argmax in one launch,
+        its inputs (slot, src, dst) one upload. Else the argmax is None."""
+        seqs = [batch.seqs[i] for i in hits]
+        if len(seqs) == 1 and ("head", 1) in self.graphs:
+            if self.hit_staged is not None:
+                self.hit_staged.synchronize()  # the last hit's upload has left h_hit
+            self.h_hit_np[:] = (seqs[0].cached_hidden, *(seqs[0].copy_block or (-1, -1)))
+            self.g_hit.copy_(self.h_hit, non_blocking=True)
+            if self.hit_staged is not None:
+                self.hit_staged.record()
             self.graphs["head", 1].replay()
             return self.graph_out["head", 1]
+        for s in seqs:
+            if s.copy_block is not None:
+                kv_cache.copy_block(self._kv_stores, upload(np.array(s.copy_block), self.device))
+        slots = [s.cached_hidden for s in seqs]
         return self.model.compute_logits(self.end_hidden[self._index(slots)]), None
 
     def _index(self, rows: list[int]) -> torch.Tensor:
@@ -287,7 +294,11 @@ class ModelRunner:
         keys = [("prefill", t) for t in reversed(self.prefill_tokens)]
         keys += [("decode", b) for b in reversed(self.graph_bs)]
         if self.model.tp_size == 1:  # a prompt-end hit's vocabulary head
-            self.g_head_in = torch.zeros_like(self.end_hidden[:1])
+            # (slot, src, dst) of a hit; src -1 copies nothing (the warm-up and capture)
+            self.h_hit = torch.tensor([0, -1, -1], dtype=torch.int64)
+            self.h_hit = self.h_hit.pin_memory() if pin else self.h_hit
+            self.h_hit_np, self.g_hit = self.h_hit.numpy(), self.h_hit.to(dev)
+            self.hit_staged = torch.cuda.Event() if pin else None
             keys.append(("head", 1))
         with torch.inference_mode():
             for key in keys:
@@ -319,7 +330,8 @@ class ModelRunner:
         if kind == "head":
 
             def head():
-                logits = self.model.compute_logits(self.g_head_in)
+                kv_cache.copy_block(self._kv_stores, self.g_hit[1:])
+                logits = self.model.compute_logits(self.end_hidden.index_select(0, self.g_hit[:1]))
                 return logits, logits.argmax(dim=-1)
 
             return head

@@ -100,13 +100,15 @@ def test_an_entry_whose_full_block_was_reused_is_dropped_not_served():
 def test_a_hash_collision_never_serves_another_prompt(monkeypatch):
     from kipp_core.prompt_end import PromptEnds
 
-    monkeypatch.setattr(PromptEnds, "key", staticmethod(lambda prompt: 0))  # every prompt collides
+    monkeypatch.setattr(PromptEnds, "fingerprint", staticmethod(lambda prompt: 0))  # all collide
     bm = BlockManager(16, BS, num_hidden_slots=2)
     a = _run_prompt(bm, 1, list(range(10)))
-    b = _run_prompt(bm, 2, list(range(1, 11)))  # same length, other tokens, same key
+    b = _run_prompt(bm, 2, list(range(1, 11)))  # same length, other tokens, same fingerprint
     assert b.cached_end is None and b.num_cached_tokens == 0
     c = _run_prompt(bm, 3, list(range(10)))
     assert c.cached_end is not None and c.block_table[:2] == a.block_table[:2]
-    for s in (a, b, c):
+    d = _run_prompt(bm, 4, list(range(1, 11)))  # both entries live under one fingerprint
+    assert d.cached_end is not None and d.block_table[:2] == b.block_table[:2]
+    for s in (a, b, c, d):
         bm.free(s)
     bm.check_all_free()

@@ -13,6 +13,7 @@ import torch
 from kipp_core import sampling as S
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
+from kipp_cuda.kernels import block_copy as bc
 from kipp_cuda.kernels import kv_write as kvw
 from kipp_cuda.kernels import noise as nz
 from kipp_cuda.kernels import q8_0_matmul as qm
@@ -42,6 +43,7 @@ def test_public_ops_are_dispatched_with_raw_ops_importable():
         (qr.qk_norm_rope, qr._qk_norm_rope_op, qr.qk_norm_rope_ref),
         (qr.qk_norm_rope_kv_write, qr._qk_norm_rope_kv_write_op, qr.qk_norm_rope_kv_write_ref),
         (sw.silu_and_mul, sw._silu_and_mul_op, sw.silu_and_mul_ref),
+        (bc.copy_block, bc._copy_block_op, bc.copy_block_ref),
         (qm.q8_0_matmul, qm._q8_0_matmul_op, qm.q8_0_matmul_ref),
         (am.affine_matmul, am._affine_matmul_op, am.affine_matmul_ref),
         (nz.uniform_rows, nz._uniform_rows_op, nz.uniform_rows_ref),
@@ -206,6 +208,40 @@ def test_qk_norm_rope_kv_write_rejects_a_quantized_or_mismatched_cache():
     q8 = torch.zeros(4, 4, 2, 32, dtype=torch.int8, device=DEV)
     with pytest.raises(ValueError):
         qr._qk_norm_rope_kv_write_op(*args, q8, q8.clone())
+
+
+# -- copy_block ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, dim, dtype",
+    [
+        ((3, 2, 5, 4, 2, 16), 2, torch.bfloat16),  # kv_cache.allocate's [layers, 2, blocks, ...]
+        ((3, 2, 5, 4, 2, 1), 2, torch.float16),  # q8_0 scales: a block of 8 elements
+        ((3, 2, 5, 4, 2, 32), 2, torch.int8),  # q8_0 values
+        ((6, 3, 1500), 0, torch.float32),  # blocks first; 4,500 elements: a partial chunk
+    ],
+)
+def test_copy_block_moves_one_block_in_every_row(shape, dim, dtype):
+    g = torch.Generator().manual_seed(0)
+    base = (torch.randn(shape, generator=g) * 50).to(dtype).to(DEV)
+    for src, dst in ((1, 3), (4, 0), (-1, 2)):
+        want = base.clone()
+        if src >= 0:  # hand-derived: dst's slices become src's, nothing else changes
+            want.select(dim, dst).copy_(base.select(dim, src))
+        blocks = torch.tensor([src, dst], dtype=torch.int64, device=DEV)
+        for fn in (bc._copy_block_op, bc.copy_block_ref):
+            got = base.clone()
+            fn(got, blocks, dim)
+            assert torch.equal(got, want), (fn, src, dst)
+
+
+def test_copy_block_rejects_bad_arguments():
+    store = torch.zeros((2, 2, 4, 8), device=DEV)
+    with pytest.raises(ValueError, match="block_dim"):
+        bc._copy_block_op(store, torch.tensor([0, 1], device=DEV), 4)
+    with pytest.raises(ValueError, match="int64"):
+        bc._copy_block_op(store, torch.tensor([0, 1], dtype=torch.int32, device=DEV), 2)
 
 
 # -- silu_and_mul -------------------------------------------------------------------------------
