@@ -260,8 +260,11 @@ def test_decode_fused_merge_repeated_calls(dtype, merge_chunk, G, q8, short_spli
 def test_decode_fused_and_unfused_merge_agree(dtype, G, q8, monkeypatch):
     # The default split length (MIN_TILES_PER_SPLIT tiles) over 4 and 16 splits (5 of them
     # non-empty at most), fused and unfused merge, the first tile loaded before the PDL wait or
-    # in the loop: all within rounding of each other (the partials are fp32).
+    # in the loop: all within rounding of each other. The partials are fp32, but the two merges
+    # round differently in their last bit, which can move a bf16 output by one ulp (seen once on
+    # the H200: 1 of 6,144 elements); so one rounding of the output dtype is allowed.
     p, q, scale, ref = _fused_case(dtype, G, q8, ctx=(600, 129, 0, 1, 300, 256), seed=50 + G)
+    ulp = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
     for num_splits in (4, 16):
         outs = []
         for prefetch, fused in ((True, True), (True, False), (False, True)):
@@ -269,7 +272,7 @@ def test_decode_fused_and_unfused_merge_agree(dtype, G, q8, monkeypatch):
             outs.append(_decode_op(p, q, scale, num_splits, fused_merge=fused))
             assert_close(outs[-1], ref, dtype)
         for out in outs[1:]:
-            torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=ulp)
     assert _counters_zeroed()
 
 
