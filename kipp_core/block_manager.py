@@ -256,7 +256,7 @@ class BlockManager:
         if (
             len(chain) < full
             or None in full_blocks
-            or self.ends.find(prompt) is not None
+            or self.ends.lookup(prompt, self.blocks, self._drop_end) is not None  # (stale: dropped)
             or (b and b.end_key is not None)
         ):
             self.ends.free_slots.append(slot)  # nothing new to keep
