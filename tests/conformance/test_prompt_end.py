@@ -125,3 +125,30 @@ def test_prompt_end_with_q8_0_kv(make_llm, backend):
     assert llm.engine.block_manager.ends.hits == 1
     cold = make_llm(kv_quant="q8_0", enable_prefix_caching=False).generate([p], GREEDY)[0]
     assert_same(hot, cold)
+
+
+def test_prompt_end_random_traffic_equals_cold(make_llm):
+    """Rounds of batched requests that repeat, extend and cut each other's prompts, over a pool
+    small enough to evict entries and hand out their tail blocks again: every output equals a
+    cold run of its prompt."""
+    import numpy as np
+
+    rng = np.random.default_rng(25)
+    stems = prompts(2, seed=25, lo=40, hi=41)
+    pool = [s[:n] for s in stems for n in (17, 33, 40)]  # tails of 1, 1 and 8 tokens
+    pool += prompts(2, seed=26, lo=33, hi=41)  # unrelated: other contents for reused blocks
+    # 8 blocks and 4 slots: entries live while their full blocks are reused (3 such lookups)
+    llm = _with_slots(make_llm, num_kv_blocks=8, max_model_len=96)
+    bm = llm.engine.block_manager
+    bm.ends = PromptEnds(4)
+    cold = make_llm(enable_prefix_caching=False)
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    want: dict[tuple[int, ...], list[int]] = {}
+    for _ in range(10):
+        batch = [pool[i] for i in rng.integers(0, len(pool), 3)]
+        for p, out in zip(batch, llm.generate(batch, sp)):
+            if tuple(p) not in want:
+                want[tuple(p)] = cold.generate([p], sp)[0].token_ids
+            assert out.token_ids == want[tuple(p)], p
+    assert bm.ends.hits > 0, "no prompt-end hit: the test did not exercise the cache"
+    bm.check_all_free()
