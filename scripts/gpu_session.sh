@@ -19,6 +19,9 @@
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 #   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
+#   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
+#           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
+#           8B line after the tests and profile)
 #   intx, intxab, intx3  the int16-x quantized GEMVs (eighth session's kernel, ninth session's
 #           calls): tests, sweep into the tuned table, 8B decode; the exact path against it in
 #           one run; the table against the seventh session's, the last GPU tests, prompt 128; the
