@@ -371,7 +371,7 @@ s11)  # eleventh session: the prompt-end lookup by one hash, the argmax in the g
   timeout 200 python -m pytest -q -p no:cacheprovider --timeout 160 -rf -k "[cuda or graph_paths or pdl_decode \
     or argmax or copy_block or bit_for_bit or quantize_at_load" tests/conformance/test_prompt_end.py \
     tests/cuda/test_backend.py tests/cuda/test_sampler.py tests/cuda/test_op_kernels.py \
-    tests/cuda/test_matmul_kernels.py 2>&1 | tee "$OUT/tests_s11.log" \
+    tests/cuda/test_quant.py 2>&1 | tee "$OUT/tests_s11.log" \
     | grep -E "passed|failed|FAIL|Error" | tail -8
   step "prompt-end hit profile"
   timeout 120 python scripts/profile_prefix_hit.py --shape qwen3-0.6b --prompt-len 6890 --runs 20 \

@@ -23,16 +23,14 @@ the wait.
 
 from __future__ import annotations
 
-import functools
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.decode_tiles import attend_run, load_tile
-from kipp_cuda.kernels.kv_write import check_cache, dot_dtype, gather_kv_ref
+from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
+from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
 
@@ -253,13 +251,6 @@ def _paged_decode_attention_kernel(
                 tl.atomic_xchg(counter, 0)  # re-armed for the next call (or graph replay)
 
 
-@functools.lru_cache(maxsize=16)
-def num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: small enough that the tests' short contexts still split
-
-
 def num_splits_for(
     batch: int, num_kv_heads: int, max_context_len: int, device: torch.device
 ) -> int:
@@ -267,38 +258,6 @@ def num_splits_for(
     tiles = triton.cdiv(max(max_context_len, 1), BLOCK_N)
     want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), batch * num_kv_heads)
     return max(1, min(want, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS))
-
-
-def check_attention_inputs(
-    q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, num_seqs: int
-) -> bool:
-    is_q8 = check_cache(k_cache, v_cache, k_scale, v_scale)
-    num_kv_heads, head_dim = k_cache.shape[2:]
-    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads or q.stride(-1) != 1:
-        raise ValueError(
-            f"q {tuple(q.shape)} must be [tokens, Hq, {head_dim}] with Hq a multiple "
-            f"of {num_kv_heads}, head_dim contiguous"
-        )
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"unsupported q dtype {q.dtype}")
-    if not is_q8 and q.dtype != k_cache.dtype:
-        raise ValueError(f"q {q.dtype} must match the cache dtype {k_cache.dtype}")
-    if (
-        block_tables.dim() != 2
-        or block_tables.shape[0] != num_seqs
-        or block_tables.dtype != torch.int32
-        or block_tables.stride(-1) != 1
-    ):
-        raise ValueError(
-            f"block_tables must be int32 [{num_seqs}, max_blocks] row-major, got "
-            f"{block_tables.dtype} {tuple(block_tables.shape)}"
-        )
-    if context_lens.shape != (num_seqs,) or context_lens.dtype != torch.int32:
-        raise ValueError(
-            f"context_lens must be int32 [{num_seqs}], got {context_lens.dtype} "
-            f"{tuple(context_lens.shape)}"
-        )
-    return is_q8
 
 
 def _paged_decode_attention_op(
@@ -431,50 +390,3 @@ def paged_decode_attention_ref(
 paged_decode_attention = dispatch(
     "paged_decode_attention", _paged_decode_attention_op, paged_decode_attention_ref
 )
-
-
-def bench_specs() -> list[dict]:
-    """Qwen3-8B decode (Hq 32, Hkv 8, D 128, bf16, 32-token pages); bytes are the KV read."""
-    specs = []
-    for name, B, ctx, q8 in (
-        ("decode b1 ctx16k", 1, 16384, False),
-        ("decode b64 ctx2k", 64, 2048, False),
-        ("decode b256 ctx1k", 256, 1024, False),
-        ("decode b64 ctx2k q8", 64, 2048, True),
-    ):
-        specs.append(_bench_case(name, B, ctx, q8))
-    return specs
-
-
-def _bench_case(
-    name: str, B: int, ctx: int, q8: bool, hq: int = 32, hkv: int = 8, d: int = 128, page: int = 32
-) -> dict:
-    dev, dt = "cuda", torch.bfloat16
-    blocks_per_seq = triton.cdiv(ctx, page)
-    num_blocks = B * blocks_per_seq
-    shape = (num_blocks, page, hkv, d)
-    if q8:
-        kc = torch.randint(-127, 128, shape, dtype=torch.int8, device=dev)
-        vc = torch.randint(-127, 128, shape, dtype=torch.int8, device=dev)
-        ks = torch.rand(*shape[:3], d // 32, device=dev).to(torch.float16) * 0.01
-        vs = torch.rand_like(ks) * 0.01
-    else:
-        kc = torch.randn(shape, dtype=dt, device=dev)
-        vc = torch.randn(shape, dtype=dt, device=dev)
-        ks = vs = None
-    # Shuffled pages, as a long-running server's cache would be.
-    bt = torch.randperm(num_blocks, device=dev).to(torch.int32).view(B, blocks_per_seq)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
-    q = torch.randn(B, hq, d, dtype=dt, device=dev)
-    scale = 1 / math.sqrt(d)
-    kv_bytes = 2 * B * ctx * hkv * d * kc.element_size()
-    if q8:
-        kv_bytes += 2 * B * ctx * hkv * (d // 32) * 2
-    args = (q, kc, vc, bt, lens, scale, ks, vs, ctx)
-    return {
-        "name": name,
-        "fn": lambda: _paged_decode_attention_op(*args),
-        "ref": lambda: paged_decode_attention_ref(*args),
-        "bytes": kv_bytes + 2 * q.numel() * 2 + bt.numel() * 4,
-        "flops": 4 * B * hq * ctx * d,
-    }

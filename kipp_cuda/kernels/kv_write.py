@@ -315,3 +315,35 @@ def bench_specs() -> list[dict]:
             }
         )
     return specs
+
+
+def check_attention_inputs(
+    q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, num_seqs: int
+) -> bool:
+    is_q8 = check_cache(k_cache, v_cache, k_scale, v_scale)
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads or q.stride(-1) != 1:
+        raise ValueError(
+            f"q {tuple(q.shape)} must be [tokens, Hq, {head_dim}] with Hq a multiple "
+            f"of {num_kv_heads}, head_dim contiguous"
+        )
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"unsupported q dtype {q.dtype}")
+    if not is_q8 and q.dtype != k_cache.dtype:
+        raise ValueError(f"q {q.dtype} must match the cache dtype {k_cache.dtype}")
+    if (
+        block_tables.dim() != 2
+        or block_tables.shape[0] != num_seqs
+        or block_tables.dtype != torch.int32
+        or block_tables.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"block_tables must be int32 [{num_seqs}, max_blocks] row-major, got "
+            f"{block_tables.dtype} {tuple(block_tables.shape)}"
+        )
+    if context_lens.shape != (num_seqs,) or context_lens.dtype != torch.int32:
+        raise ValueError(
+            f"context_lens must be int32 [{num_seqs}], got {context_lens.dtype} "
+            f"{tuple(context_lens.shape)}"
+        )
+    return is_q8

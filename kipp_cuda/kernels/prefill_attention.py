@@ -10,84 +10,17 @@ binary search over cu_seqlens_q, so a call is CUDA-graph safe.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.decode_attention import (
-    LOG2E,
-    MAX_SPLITS,
-    PROGRAMS_PER_SM,
-    check_attention_inputs,
-    merge_splits,
-    num_sms,
-)
-from kipp_cuda.kernels.kv_write import dot_dtype, gather_kv_ref, load_kv_tile
+from kipp_cuda.kernels.decode_attention import LOG2E, MAX_SPLITS, PROGRAMS_PER_SM, merge_splits
+from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
+from kipp_cuda.kernels.matmul_tiles import num_sms
+from kipp_cuda.kernels.prefill_tiles import attend_tile
 
 SPLIT_MAX_Q_LEN = 16  # longer queries have programs enough along the query axis
-
-
-@triton.jit
-def _attend_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k_cache_ptr,
-    v_cache_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    bt_row,
-    n0,
-    q_pos,
-    h,
-    qk_scale,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_sb,
-    stride_ss,
-    stride_sh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    IS_Q8: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    # One online-softmax step over KV positions [n0, n0 + BLOCK_N); fp32 scores and sums.
-    pos = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        # Positions past the last row's query are never read: they may lie past the context.
-        valid = pos <= tl.max(q_pos, axis=0)
-        block_id = tl.load(bt_row + pos // PAGE_SIZE, mask=valid, other=0).to(tl.int64)
-    else:
-        valid = pos  # unused
-        block_id = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
-    slot = block_id * stride_cb + (pos % PAGE_SIZE) * stride_cs + h * stride_ch
-    sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
-    k = load_kv_tile(
-        k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
-    )
-    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-    if MASKED:
-        qk = tl.where(pos[None, :] <= q_pos[:, None], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    m_use = m_new
-    if MASKED:  # a row may have seen nothing yet (a split above its query): keep it at 0
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(qk - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = load_kv_tile(
-        v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
-    )
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
-    return acc, m_new, l_i
 
 
 # Per-step ints (batch size, split count and the strides it sets, block-table width) are not
@@ -204,7 +137,7 @@ def _paged_prefill_attention_kernel(
     # last row's position are masked; beyond it nothing is read.
     full_end = kv_lo + tl.maximum(tl.minimum(kv_hi, first_pos + 1) - kv_lo, 0) // BLOCK_N * BLOCK_N
     for n0 in range(kv_lo, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
+        acc, m_i, l_i = attend_tile(
             acc,
             m_i,
             l_i,
@@ -233,7 +166,7 @@ def _paged_prefill_attention_kernel(
             PRECISION,
         )
     for n0 in range(full_end, kv_hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
+        acc, m_i, l_i = attend_tile(
             acc,
             m_i,
             l_i,
@@ -440,48 +373,3 @@ def paged_prefill_attention_ref(
 paged_prefill_attention = dispatch(
     "paged_prefill_attention", _paged_prefill_attention_op, paged_prefill_attention_ref
 )
-
-
-def bench_specs() -> list[dict]:
-    """Qwen3-8B prefill (Hq 32, Hkv 8, D 128, bf16, 32-token pages); causal flops counted once."""
-    return [
-        _bench_case("prefill 1x2k", [2048], [2048]),
-        _bench_case("prefill 1x16k", [16384], [16384]),
-        _bench_case("prefill 8x2k", [2048] * 8, [2048] * 8),
-        _bench_case("chunk 2k after 14k", [2048], [16384]),
-        _bench_case("verify 64x q4 ctx2k", [4] * 64, [2048] * 64),
-        _bench_case("verify 1x q5 ctx16k", [5], [16384]),
-    ]
-
-
-def _bench_case(
-    name: str,
-    q_lens: list[int],
-    ctxs: list[int],
-    hq: int = 32,
-    hkv: int = 8,
-    d: int = 128,
-    page: int = 32,
-) -> dict:
-    dev, dt = "cuda", torch.bfloat16
-    B = len(ctxs)
-    blocks_per_seq = triton.cdiv(max(ctxs), page)
-    num_blocks = B * blocks_per_seq
-    kc = torch.randn(num_blocks, page, hkv, d, dtype=dt, device=dev)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(num_blocks, device=dev).to(torch.int32).view(B, blocks_per_seq)
-    lens = torch.tensor(ctxs, dtype=torch.int32, device=dev)
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
-    T = sum(q_lens)
-    q = torch.randn(T, hq, d, dtype=dt, device=dev)
-    args = (q, kc, vc, bt, cu, lens, 1 / math.sqrt(d), max(q_lens))
-    # Scores and PV: 4 * d flops per (query, head, visible position).
-    visible = sum(lq * (n - lq) + lq * (lq + 1) // 2 for lq, n in zip(q_lens, ctxs))
-    kv_bytes = sum(2 * n * hkv * d * 2 for n in ctxs)
-    return {
-        "name": name,
-        "fn": lambda: _paged_prefill_attention_op(*args),
-        "ref": lambda: paged_prefill_attention_ref(*args),
-        "bytes": kv_bytes + 2 * q.numel() * 2,
-        "flops": 4 * d * hq * visible,
-    }
