@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+NUM_HIDDEN_SLOTS = 64  # saved final hidden states a backend keeps (64 x hidden_size)
+
 
 @dataclass
 class PromptEnd:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from kipp_core.backend import PENDING, ModelInput, SeqOutput
+from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda import kv_cache
 from kipp_cuda.attention import AttentionMetadata, LayerKV
@@ -27,7 +28,6 @@ from kipp_cuda.staging import upload
 
 log = logging.getLogger("kipp")
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
-NUM_HIDDEN_SLOTS = 64  # final hidden states of finished prompts (kipp_core.prompt_end)
 IDS, POS, SLOT, CTX = range(4)  # rows of the staged int64 inputs
 
 

@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 
 from kipp_core.backend import BackendOptions, ModelInput, SeqInput, SeqOutput
 from kipp_core.checkpoint import Checkpoint
+from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_mlx.attention import AttentionMetadata
 from kipp_mlx.kernels import ladder
@@ -61,7 +62,7 @@ class MlxBackend:
         self.block_size = bs
         self.num_blocks = num_kv_blocks(opts, cfg, self.dtype.size)
         self.kv = PagedKVCache.for_config(cfg, self.num_blocks, bs, self.dtype, opts.kv_quant)
-        self.num_hidden_slots = 64  # final hidden states of finished prompts (prompt_end)
+        self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.end_hidden: dict[int, mx.array] = {}
         self.paged_attention = None  # the decode kernel, when the ladder accepts it
         if not opts.kv_quant:

@@ -7,6 +7,7 @@ import numpy as np
 
 from kipp_core.backend import BackendOptions, ModelInput, SeqInput, SeqOutput
 from kipp_core.checkpoint import Checkpoint
+from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.sampling import logprobs, logprobs_rows, sample
 from kipp_core.spec_decode import verify_drafts
 from oracle.qwen3 import compute_logits, forward_hidden, load_weights
@@ -78,7 +79,7 @@ class OracleBackend:
         )
         self.num_blocks = opts.num_blocks or 8 * -(-ctx // block_size)
         c = self.config
-        self.num_hidden_slots = 64  # the prompt-end cache's final hidden states
+        self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.hidden_slots: dict[int, np.ndarray] = {}
         self.kv = PagedKV(
             c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim, DTYPES[dtype]

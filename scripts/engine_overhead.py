@@ -17,6 +17,7 @@ import numpy as np
 
 from kipp_core.backend import SeqOutput
 from kipp_core.llm import LLM
+from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.sampling_params import SamplingParams
 from kipp_core.tiny import TINY, write_checkpoint
 
@@ -28,7 +29,7 @@ class NoOpBackend:
         self.config = inner.config
         self.block_size = inner.block_size
         self.num_blocks = inner.num_blocks
-        self.num_hidden_slots = 64  # prompt-end hits: the same prompt again runs no layer
+        self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
 
     def execute(self, batch) -> list[SeqOutput]:
         return [SeqOutput(token_ids=[5]) for _ in batch.seqs]
