@@ -19,6 +19,7 @@
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 #   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
+#   s12     twelfth session: the GEMVs' L2 prefetch (tests, step A/B, 8B decode; "s12 bench")
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -363,6 +364,23 @@ s10)  # tenth session: the prompt-end cache's GPU tests, the 0.6B targets (prefi
     tests/conformance/test_prompt_end.py "tests/cuda/test_backend.py::test_gpu_graph_paths_equal_eager" \
     2>&1 | tee "$OUT/tests_s10.log" | grep -E "passed|failed|FAIL|Error" | tail -8
   targets
+  ;;
+s12)  # twelfth session: the one-token GEMVs prefetch their weight slice into L2 before the PDL
+  # wait. GPU tests (L2 on = off bit for bit, the GEMVs at 8B shapes, graph and PDL paths), the 8B
+  # decode step with and without it (step_ablation.py), then 8B decode with it ("s12 bench": only
+  # the decode runs; QUANTS narrows them, L2=0 turns the prefetch off for them)
+  if [ "${2:-}" != bench ]; then
+    step "GPU tests: L2 prefetch, GEMVs at 8B shapes, graph and PDL paths"
+    timeout 220 python -m pytest -q -p no:cacheprovider -n 4 --timeout 200 -rf -k "l2_prefetch \
+      or gpu_quantized or gpu_dense_gemv or int16_x_gemvs_in or graph_paths or pdl_decode" \
+      tests/cuda/test_matmul_kernels.py tests/cuda/test_backend.py 2>&1 \
+      | tee "$OUT/tests_s12.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+    step "8B decode step, L2 prefetch on / off"
+    timeout 260 python scripts/step_ablation.py --quants none,q8_0,affine4 --variants \
+      "full,env:KIPP_CUDA_L2_PREFETCH=0,gemv,gemv+env:KIPP_CUDA_L2_PREFETCH=0" 2>&1 \
+      | tee "$OUT/step_l2.log" | grep -vE "Warning|warn" | tail -6
+  fi
+  KIPP_CUDA_L2_PREFETCH=${L2:-1} decode8 "b8_l2${L2:-1}" 90 "${PROMPT:-2048}"
   ;;
 s11)  # eleventh session: the prompt-end lookup by one hash, the argmax in the graphs; GPU tests
   # (prompt-end cache, graph paths, sampler, quantize-at-load with affine8's failure in full), the

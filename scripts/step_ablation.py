@@ -11,6 +11,8 @@ fusing that kernel away could save at most.
   gemv      none of the four above: the GEMVs alone
   da:A=v;B=w   the full model with decode_attention's module settings A, B changed (for example
             da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step
+  env:NAME=v   the graph captured with environment variable NAME set to v (for example
+            env:KIPP_CUDA_L2_PREFETCH=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
 python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 
 import torch
 
@@ -69,14 +72,24 @@ def _patches(name):
 
 @contextlib.contextmanager
 def patched(name):
-    saved = [(m, a, getattr(m, a)) for m, a, _ in _patches(name)]
-    for m, a, f in _patches(name):
+    parts = name.split("+")
+    env = dict(p[4:].split("=", 1) for p in parts if p.startswith("env:"))
+    patches = [x for p in parts if not p.startswith("env:") for x in _patches(p)]
+    saved = [(m, a, getattr(m, a)) for m, a, _ in patches]
+    saved_env = {k: os.environ.get(k) for k in env}
+    for m, a, f in patches:
         setattr(m, a, f)
+    os.environ.update(env)
     try:
         yield
     finally:
         for m, a, f in saved:
             setattr(m, a, f)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
 
 
 def step_ms(runner, device, steps):
