@@ -16,7 +16,7 @@ import triton
 
 from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import q8_0_gemv as qg
-from kipp_cuda.kernels.sass import AFFINE_SIG, Q8_SIG, l2_prefetches_before_wait, loop_sass
+from kipp_cuda.kernels.sass import AFFINE_SIG, Q8_SIG, loop_sass
 
 
 def main() -> None:
@@ -34,7 +34,6 @@ def main() -> None:
         bn, bg, nw = (int(v) for v in spec.split("x"))
         weights = bn * bg * 32 / (32 * nw)  # a thread's weights a K step
         common = dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=1, PDL=True, ASM=True, PREFETCH=False)
-        common["L2"] = False  # (the prefetch is outside the loop; counted below)
         for on in modes:
             for name, fn, sig, extra in (
                 ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),
@@ -45,18 +44,6 @@ def main() -> None:
                 top = ", ".join(f"{k} {v}" for k, v in ops.most_common(4))
                 print(f"| {name} | {spec} | {on} | {n} | {n / weights:.2f} | {regs} | {top} |")
                 rows.append(dict(kernel=name, config=spec, int_x=on, weights=weights, ops=ops))
-    # the L2 prefetch of a program's weights (pdl.prefetch_l2): issued before the PDL wait
-    print("| kernel | SPLIT_K | bulk L2 prefetches before / after the PDL wait |\n|---|---|---|")
-    for name, fn, sig, extra in (
-        ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),
-        ("affine4", ag._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
-    ):
-        for split in (1, 2):
-            consts = dict(BLOCK_N=16, BLOCK_G=64, SPLIT_K=split, PDL=True, ASM=True,
-                          PREFETCH=False, INT_X=True, L2=True, **extra)  # fmt: skip
-            before, after = l2_prefetches_before_wait(fn, sig, consts, 4)
-            print(f"| {name} | {split} | {before} / {after} |")
-            rows.append(dict(kernel=name, split_k=split, l2_before=before, l2_after=after))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

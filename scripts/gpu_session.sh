@@ -19,7 +19,8 @@
 #   attn, attnb  decode attention variants at batch 1 / batch 256, the fastest set on the copy
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 #   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
-#   s12     twelfth session: the GEMVs' L2 prefetch (tests, step A/B, 8B decode; "s12 bench")
+#   s12     twelfth session: the GEMVs' L2 prefetch (tests, step A/B, 8B decode; reverted since);
+#           s12t the GPU's idle time between decode steps
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -365,10 +366,8 @@ s10)  # tenth session: the prompt-end cache's GPU tests, the 0.6B targets (prefi
     2>&1 | tee "$OUT/tests_s10.log" | grep -E "passed|failed|FAIL|Error" | tail -8
   targets
   ;;
-s12)  # twelfth session: the one-token GEMVs prefetch their weight slice into L2 before the PDL
-  # wait. GPU tests (L2 on = off bit for bit, the GEMVs at 8B shapes, graph and PDL paths), the 8B
-  # decode step with and without it (step_ablation.py), then 8B decode with it ("s12 bench": only
-  # the decode runs; QUANTS narrows them, L2=0 turns the prefetch off for them)
+s12)  # twelfth session, call 1 at commit 6797fbd (its L2 prefetch is reverted since): GPU tests,
+  # the 8B decode step with and without the GEMVs' L2 prefetch, then 8B decode with it
   if [ "${2:-}" != bench ]; then
     step "GPU tests: L2 prefetch, GEMVs at 8B shapes, graph and PDL paths"
     timeout 220 python -m pytest -q -p no:cacheprovider -n 4 --timeout 200 -rf -k "l2_prefetch \
@@ -381,6 +380,16 @@ s12)  # twelfth session: the one-token GEMVs prefetch their weight slice into L2
       | tee "$OUT/step_l2.log" | grep -vE "Warning|warn" | tail -6
   fi
   KIPP_CUDA_L2_PREFETCH=${L2:-1} decode8 "b8_l2${L2:-1}" 90 "${PROMPT:-2048}"
+  ;;
+s12t)  # twelfth session: where the GPU idles between decode steps (engine steps with graphs on,
+  # scripts/profile_decode.py --timeline), 8B q8_0 and 0.6B at batch 1, context 2048
+  for a in "qwen3-8b q8_0" "qwen3-0.6b none"; do
+    set -- $a
+    qa=""; [ "$2" != none ] && qa="--quant $2"
+    step "decode timeline $1 $2"
+    timeout 200 python scripts/profile_decode.py --shape "$1" $qa --steps 64 --timeline \
+      --kv-cache-memory 16GiB 2>&1 | tee "$OUT/timeline_$1_$2.log" | grep -vE "Warning|warn" | tail -30
+  done
   ;;
 s11)  # eleventh session: the prompt-end lookup by one hash, the argmax in the graphs; GPU tests
   # (prompt-end cache, graph paths, sampler, quantize-at-load with affine8's failure in full), the

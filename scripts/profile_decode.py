@@ -2,11 +2,18 @@
 logits, sampling; plus a per-kernel table of one eager decode step (torch.profiler).
 
 python scripts/profile_decode.py --shape qwen3-0.6b --batch 1 --context 2048
+
+--timeline: instead of the eager per-kernel table, profile the engine's own steps (graphs on) and
+print where the GPU idles between its activities: the gaps summed by what ends before and starts
+after them, and the copies a step queues outside the graph.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
+import tempfile
 import time
 
 import torch
@@ -36,6 +43,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--quant", default=None)
     p.add_argument("--kv-cache-memory", default="48GiB")
+    p.add_argument("--timeline", action="store_true", help="GPU gaps of graph-on engine steps")
     args = p.parse_args()
     path = random_checkpoint(args.shape)
     # Room for every sequence's context: a smaller budget preempts, and the batch shrinks.
@@ -93,6 +101,8 @@ def main() -> None:
     end.record()
     torch.cuda.synchronize()
     print(f"  graph replay alone (GPU)                 {start.elapsed_time(end) / 50:8.3f} ms")
+    if args.timeline:
+        return timeline(eng, args.steps)
     # One eager decode step through the profiler: per-kernel GPU time.
     runner.graphs.clear()
     runner.graph_bs, runner.prefill_tokens = [], []
@@ -108,6 +118,42 @@ def main() -> None:
             sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=60
         )
     )
+
+
+def timeline(eng, steps: int) -> None:
+    """The GPU's activities over `steps` engine steps (graphs on): busy time, and the idle gaps
+    between consecutive activities summed by (the one before, the one after)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    gpu = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0), e["cat"], e["name"][:60])
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    busy, gaps, end, prev = 0.0, collections.Counter(), gpu[0][0], "start"
+    counts = collections.Counter(f"{c}: {n}" for _, _, c, n in gpu if c != "kernel")
+    for t0, t1, _, name in gpu:
+        if t0 > end:
+            gaps[f"{prev} -> {name}"] += t0 - end
+        busy += max(0.0, t1 - max(t0, end))
+        if t1 > end:
+            end, prev = t1, name
+    window = end - gpu[0][0]
+    print(
+        f"{steps} engine steps: {window / steps:.1f} us a step, GPU busy {busy / steps:.1f}, "
+        f"idle {(window - busy) / steps:.1f} ({len(gpu) / steps:.0f} activities a step)"
+    )
+    print("idle us a step, by (activity before -> after):")
+    for k, v in gaps.most_common(12):
+        print(f"  {v / steps:8.2f}  {k}")
+    print("copies and sets a step:")
+    for k, v in counts.most_common(8):
+        print(f"  {v / steps:6.2f}  {k}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     pick_split_k,
     store_row,
 )
-from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait, prefetch_rows
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
 
@@ -70,7 +70,6 @@ def _affine_gemv_kernel(
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
-    L2: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -87,12 +86,6 @@ def _affine_gemv_kernel(
     b_rows = b_ptr + rows[:, None] * stride_bn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    r0 = pid_n * BLOCK_N
-    n_rows = tl.minimum(BLOCK_N, N - r0)  # this program's weights into L2 (pdl.py)
-    n_groups = g_end - g_start
-    prefetch_rows(wq_ptr, r0, n_rows, stride_wn, g_start * WPG, n_groups * WPG, SPLIT_K, L2)
-    prefetch_rows(s_ptr, r0, n_rows, stride_sn, g_start, n_groups, SPLIT_K, L2)
-    prefetch_rows(b_ptr, r0, n_rows, stride_bn, g_start, n_groups, SPLIT_K, L2)
     if PREFETCH:
         w, s, b = _affine_gemv_tile(
             w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1), WPG, ASM

@@ -18,13 +18,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_row
-from kipp_cuda.kernels.pdl import (
-    l2_prefetch_enabled,
-    launch_kwargs,
-    pdl_trigger,
-    pdl_wait,
-    prefetch_rows,
-)
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
 
@@ -54,7 +48,6 @@ def _dense_gemv_kernel(
     SPLIT_K: tl.constexpr,
     ACT: tl.constexpr,
     PDL: tl.constexpr,
-    L2: tl.constexpr,
 ):
     # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
     pdl_trigger(PDL)
@@ -65,9 +58,6 @@ def _dense_gemv_kernel(
     rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    r0 = pid_n * BLOCK_N  # this program's weights into L2 (pdl.py)
-    prefetch_rows(w_ptr, r0, tl.minimum(BLOCK_N, N - r0), stride_wn, k_start, k_end - k_start,
-                  SPLIT_K, L2)  # fmt: skip
     rk = k_start + tl.arange(0, BLOCK_K)
     w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & (rk < k_end)[None, :], other=0.0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -140,7 +130,6 @@ def _dense_gemv_op(
         SPLIT_K=cfg["SPLIT_K"],
         ACT=act,
         PDL=bool(pdl),
-        L2=l2_prefetch_enabled() and cfg.get("L2", True) and not interpreting(),
         num_warps=cfg["num_warps"],
         num_stages=1,
         **pdl,

@@ -10,8 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kipp_cuda.kernels.pdl import l2_prefetch_enabled
-
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -141,13 +139,11 @@ def int_x(cfg: dict, x_dtype: torch.dtype) -> bool:
 
 def launch_options(cfg: dict, x_dtype: torch.dtype) -> dict:
     """A quantized GEMV config's launch options: PREFETCH (the next K step's loads in flight
-    during this one's math; default on), INT_X (int_x), L2 (the program's weights prefetched into
-    L2 before the PDL wait, pdl.prefetch_l2; off under the interpreter), num_warps, and maxnreg
-    where the tuned table caps registers for occupancy."""
+    during this one's math; default on), INT_X (int_x), num_warps, and maxnreg where the tuned
+    table caps registers for occupancy."""
     opts = dict(
         PREFETCH=cfg.get("PREFETCH", True),
         INT_X=int_x(cfg, x_dtype),
-        L2=l2_prefetch_enabled() and cfg.get("L2", True) and not interpreting(),
         num_warps=cfg["num_warps"],
     )
     if cfg.get("maxnreg"):

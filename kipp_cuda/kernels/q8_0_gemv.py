@@ -37,7 +37,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     pick_split_k,
     store_row,
 )
-from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait, prefetch_rows
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
 
@@ -70,7 +70,6 @@ def _q8_0_gemv_kernel(
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
-    L2: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -86,10 +85,6 @@ def _q8_0_gemv_kernel(
     d_rows = d_ptr + rows[:, None] * stride_dn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    r0 = pid_n * BLOCK_N
-    n_rows = tl.minimum(BLOCK_N, N - r0)  # this program's weights into L2 (pdl.py)
-    prefetch_rows(qw_ptr, r0, n_rows, stride_qn, g_start * 8, (g_end - g_start) * 8, SPLIT_K, L2)
-    prefetch_rows(d_ptr, r0, n_rows, stride_dn, g_start, g_end - g_start, SPLIT_K, L2)
     if PREFETCH:
         w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)

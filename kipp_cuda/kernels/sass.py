@@ -50,26 +50,14 @@ def _ordered(fn, sig: dict) -> dict:
     return {n: sig.get(n, "constexpr") for n in names}
 
 
-def _compile(fn, sig: dict, consts: dict, num_warps: int):
+def loop_sass(fn, sig: dict, consts: dict, num_warps: int) -> tuple[collections.Counter, int]:
+    """SASS opcodes between the last backward branch and its target (the K loop), and the
+    kernel's registers a thread."""
     sig = _ordered(fn, sig)
     aligned = [n for n, t in sig.items() if t.startswith("*") or n.startswith("stride")]
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=TARGET, options=dict(num_warps=num_warps, num_stages=1))
-
-
-def l2_prefetches_before_wait(fn, sig: dict, consts: dict, num_warps: int) -> tuple[int, int]:
-    """(bulk L2 prefetches before the kernel's PDL wait, after it) in its PTX (pdl.prefetch_l2)."""
-    lines = _compile(fn, sig, consts, num_warps).asm["ptx"].splitlines()
-    wait = next(i for i, s in enumerate(lines) if "griddepcontrol.wait" in s)
-    at = [i for i, s in enumerate(lines) if "cp.async.bulk.prefetch.L2" in s]
-    return sum(i < wait for i in at), sum(i > wait for i in at)
-
-
-def loop_sass(fn, sig: dict, consts: dict, num_warps: int) -> tuple[collections.Counter, int]:
-    """SASS opcodes between the last backward branch and its target (the K loop), and the
-    kernel's registers a thread."""
-    kernel = _compile(fn, sig, consts, num_warps)
+    kernel = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps, num_stages=1))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()

@@ -1,7 +1,7 @@
 """The quantized GEMVs' inline PTX compiled for sm_90 on this machine (Triton's own ptxas and
-cuobjdump, no GPU): ptxas accepts it, the int16-x path lowers to dp2a, two weights an
-instruction, and the L2 prefetch of the weights goes before the PDL wait. A subprocess, because
-the tests here run Triton's interpreter, whose kernels do not compile."""
+cuobjdump, no GPU): ptxas accepts it, and the int16-x path lowers to dp2a, two weights an
+instruction. A subprocess, because the tests here run Triton's interpreter, whose kernels do not
+compile."""
 
 from __future__ import annotations
 
@@ -33,17 +33,10 @@ def test_int16_x_gemvs_compile_for_sm90_and_use_dp2a(tmp_path):
         capture_output=True,
         timeout=300,
     )
-    data = json.loads(out.read_text())
-    rows = {(r["kernel"], r["int_x"]): r for r in data if "int_x" in r}
+    rows = {(r["kernel"], r["int_x"]): r for r in json.loads(out.read_text())}
     for kernel in ("q8_0", "affine4"):
         on, off = rows[kernel, True], rows[kernel, False]
         # a thread's 8 rows x 32 weights a K step, one dp2a for every two of them
         assert on["ops"].get("IDP") == on["weights"] / 2, kernel
         assert "IDP" not in off["ops"], kernel
         assert sum(on["ops"].values()) < sum(off["ops"].values()), kernel
-    # the weight slice's L2 prefetch (one a weight, scale and bias array) goes out before the
-    # PDL wait, so it overlaps the previous kernel; none is left after it
-    prefetch = {(r["kernel"], r["split_k"]): r for r in data if "split_k" in r}
-    for (kernel, _), r in prefetch.items():
-        assert (r["l2_before"], r["l2_after"]) == ({"q8_0": 2, "affine4": 3}[kernel], 0), r
-    assert len(prefetch) == 4

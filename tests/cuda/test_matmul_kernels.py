@@ -11,7 +11,6 @@ from kipp_core.quant import dequantize_affine, dequantize_q8_0, quantize_affine,
 from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
-from kipp_cuda.kernels import dense_gemv as dg
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels.matmul_tiles import int_x
@@ -192,31 +191,6 @@ def test_quantized_gemv_launch_options(cfg):
             x.double().cpu() @ w64.T,
             torch.bfloat16,
         )
-
-
-@gpu
-@pytest.mark.parametrize("split", [1, 3])
-@pytest.mark.parametrize("N,K", [(781, 1856), (6144, 4096)])
-def test_gpu_gemvs_with_l2_prefetch_equal_without(N, K, split):
-    """The weights' L2 prefetch before the PDL wait (pdl.prefetch_l2) is a hint: q8_0, affine4 and
-    dense GEMVs give the same bits with it and without, on a short last row block, scale rows
-    that are not 16-byte multiples (58 groups), and one range a row under split-K."""
-    qs, d, _ = q8_weights(N, K, seed=31)
-    wq, s, b, _ = affine_weights(N, K, 4, 32, seed=32, sdtype=torch.bfloat16)
-    w = randn(N, K, dtype=torch.bfloat16, seed=33)
-    x = randn(1, K, dtype=torch.bfloat16, seed=34)
-    cfg = dict(BLOCK_N=16, BLOCK_G=16, SPLIT_K=split, num_warps=4, PREFETCH=False, INT_X=True)
-    dense_cfg = dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=split, num_warps=4)
-    for on in (False, True, False):  # off, on, off again: the same bits each time
-        got = (
-            qg.q8_0_gemv(x, qs, d, {**cfg, "L2": on}),
-            ag.affine_gemv(x, wq, s, b, 4, 32, {**cfg, "L2": on}),
-            dg._dense_gemv_op(x, w, config={**dense_cfg, "L2": on}),
-        )
-        if not on:
-            want = got
-        for g, ref in zip(got, want):
-            assert torch.equal(g, ref)
 
 
 def int16_x_bound(x, w64):
