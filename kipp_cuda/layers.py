@@ -39,11 +39,11 @@ class Q8Linear(nn.Module):
     def out_features(self) -> int:
         return self.qs.shape[0]
 
-    def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        # SwiGLU stays a launch of its own here: fused into the quantized GEMV's reads of x (as
-        # dense does) it made an 8B q8_0 step 0.44 ms slower, as each program recomputes the exp
-        # of every x; the launch costs 0.04 ms (BENCHMARKS.md, seventh session).
-        return q8_0_matmul(silu_and_mul(x) if act else x, self.qs, self.scales)
+    def forward(self, x: torch.Tensor, act: bool = False, swiglu: bool = False) -> torch.Tensor:
+        """act: x is a gate_up output taken through SwiGLU first; swiglu: this is gate_up and
+        returns SwiGLU of its output (swiglu_mlp)."""
+        x = silu_and_mul(x) if act else x
+        return q8_0_matmul(x, self.qs, self.scales, swiglu=swiglu)
 
 
 class AffineLinear(nn.Module):
@@ -65,15 +65,21 @@ class AffineLinear(nn.Module):
     def out_features(self) -> int:
         return self.wq.shape[0]
 
-    def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        return affine_matmul(
-            silu_and_mul(x) if act else x,
-            self.wq,
-            self.scales,
-            self.biases,
-            self.bits,
-            self.group_size,
-        )
+    def forward(self, x: torch.Tensor, act: bool = False, swiglu: bool = False) -> torch.Tensor:
+        """act and swiglu as Q8Linear's."""
+        x = silu_and_mul(x) if act else x
+        w = (self.wq, self.scales, self.biases, self.bits, self.group_size)
+        return affine_matmul(x, *w, swiglu=swiglu)
+
+
+def swiglu_mlp(gate_up: nn.Module, down: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate) * up) with gate, up = gate_up(h) (gate_up's rows: gate, then up). At T = 1
+    SwiGLU rides in a GEMV: the dense down GEMV's reads of x, and the quantized gate_up GEMV's
+    epilogue. A quantized GEMV cannot take it in its reads of x cheaply: each of its programs
+    would recompute every exp (0.44 ms an 8B q8_0 step, BENCHMARKS.md, seventh session)."""
+    if isinstance(gate_up, DenseLinear):
+        return down(gate_up(h), act=True)
+    return down(gate_up(h, swiglu=True))
 
 
 def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:

@@ -16,7 +16,7 @@ from torch import nn
 from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
-from kipp_cuda.layers import embed
+from kipp_cuda.layers import embed, swiglu_mlp
 from kipp_cuda.tp_reduce import TPReduce
 
 
@@ -50,7 +50,7 @@ class Qwen3Layer(nn.Module):
         h, residual = self.tp.reduce_norm(
             self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
         )
-        return self.down_proj(self.gate_up_proj(h), act=True), residual
+        return swiglu_mlp(self.gate_up_proj, self.down_proj, h), residual
 
 
 class Qwen3Model(nn.Module):

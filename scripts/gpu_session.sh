@@ -20,7 +20,7 @@
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 #   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
 #   s12     twelfth session: the GEMVs' L2 prefetch (tests, step A/B, 8B decode; reverted since);
-#           s12t the GPU's idle time between decode steps
+#           s12t the GPU's idle time between decode steps; s12s SwiGLU in gate_up's epilogue
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -380,6 +380,19 @@ s12)  # twelfth session, call 1 at commit 6797fbd (its L2 prefetch is reverted s
       | tee "$OUT/step_l2.log" | grep -vE "Warning|warn" | tail -6
   fi
   KIPP_CUDA_L2_PREFETCH=${L2:-1} decode8 "b8_l2${L2:-1}" 90 "${PROMPT:-2048}"
+  ;;
+s12s)  # twelfth session: SwiGLU in the quantized gate_up GEMV's epilogue. GPU tests (the epilogue
+  # against GEMV + silu_and_mul bit for bit, at 8B shapes too; the model's int16-x GEMVs, graph
+  # and PDL paths), the 8B decode step (step_ablation.py), then 8B decode in bf16, q8_0, affine4
+  step "GPU tests: SwiGLU epilogue, quantized GEMVs at 8B shapes, graph and PDL paths"
+  timeout 220 python -m pytest -q -p no:cacheprovider -n 4 --timeout 200 -rf -k "swiglu \
+    or gpu_quantized or int16_x_gemvs_in or graph_paths or pdl_decode" \
+    tests/cuda/test_matmul_kernels.py tests/cuda/test_backend.py 2>&1 \
+    | tee "$OUT/tests_s12s.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+  step "8B decode step"
+  timeout 200 python scripts/step_ablation.py --quants q8_0,affine4 --variants full,gemv 2>&1 \
+    | tee "$OUT/step_swiglu.log" | grep -vE "Warning|warn" | tail -4
+  decode8 b8s 90 "${PROMPT:-2048}"
   ;;
 s12t)  # twelfth session: where the GPU idles between decode steps (engine steps with graphs on,
   # scripts/profile_decode.py --timeline), 8B q8_0 and 0.6B at batch 1, context 2048

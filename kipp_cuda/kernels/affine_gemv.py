@@ -31,6 +31,8 @@ from kipp_cuda.kernels.matmul_tiles import (
     num_sms,
     pick_split_k,
     store_row,
+    swiglu_config,
+    tile_rows,
 )
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
@@ -70,6 +72,7 @@ def _affine_gemv_kernel(
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
+    SWIGLU: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -78,9 +81,8 @@ def _affine_gemv_kernel(
     WPG: tl.constexpr = GROUP * BITS // 32
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn, width, rows = tile_rows(pid_n, N, BLOCK_N, SWIGLU)  # SWIGLU: gate, up rows
     rg = tl.arange(0, BLOCK_G)
-    rows = tl.minimum(rn, N - 1).to(tl.int64)
     w_rows = wq_ptr + rows[:, None] * stride_wn
     s_rows = s_ptr + rows[:, None] * stride_sn
     b_rows = b_ptr + rows[:, None] * stride_bn
@@ -130,7 +132,7 @@ def _affine_gemv_kernel(
             )
         if PREFETCH:
             w, s, b = nw, ns, nb
-    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
+    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU)
 
 
 @triton.jit
@@ -215,14 +217,16 @@ def affine_gemv(
     config: dict | None = None,
     out: torch.Tensor | None = None,
     asm: bool | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
-    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
+    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
+    wq holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows)."""
     N, K = wq.shape[0], x.shape[1]
     if out is None:
-        out = torch.empty((1, N), dtype=x.dtype, device=x.device)
+        out = torch.empty((1, N // 2 if swiglu else N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
-    cfg = config or gemv_config(N, num_groups, group_size, x.device, bits)
+    cfg = swiglu_config(config or gemv_config(N, num_groups, group_size, x.device, bits), swiglu)
     x = aligned_x(x)
     if wq.stride(0) % 4 or wq.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         wq = wq.clone()
@@ -249,6 +253,7 @@ def affine_gemv(
         SPLIT_K=cfg["SPLIT_K"],
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
+        SWIGLU=swiglu,
         **launch_options(cfg, x.dtype),
         **pdl,
     )

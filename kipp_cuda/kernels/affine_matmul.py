@@ -23,6 +23,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     tile_ids,
 )
 from kipp_cuda.kernels.q8_0_matmul import _MAGIC, GEMV_MAX_T, matmul_config, rotate
+from kipp_cuda.kernels.swiglu import silu_and_mul, silu_and_mul_ref
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -157,7 +158,9 @@ def _affine_matmul_kernel(
 # -- host ---------------------------------------------------------------------------------------
 
 
-def _check(x, wq, scales, biases, bits, group_size) -> None:
+def _check(x, wq, scales, biases, bits, group_size, swiglu: bool = False) -> None:
+    if swiglu and wq.dim() == 2 and wq.shape[0] % 2:
+        raise ValueError(f"swiglu needs gate and up rows (an even N), got wq {tuple(wq.shape)}")
     if bits not in (4, 8) or group_size not in (32, 64, 128):
         raise ValueError(
             f"affine_matmul supports bits 4/8 and group_size 32/64/128, got {bits}/{group_size}"
@@ -189,12 +192,24 @@ def _affine_matmul_op(
     biases: torch.Tensor,
     bits: int,
     group_size: int,
+    swiglu: bool = False,
 ) -> torch.Tensor:
-    _check(x, wq, scales, biases, bits, group_size)
+    """x [T, K] @ dequant(wq, scales, biases)^T -> [T, N]; swiglu as q8_0_matmul (SwiGLU of gate
+    and up rows, in the one-token GEMV's epilogue)."""
+    _check(x, wq, scales, biases, bits, group_size, swiglu)
     if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
         raise ValueError("affine_matmul needs every operand's last dimension contiguous")
     if wq.dtype == torch.uint32:
         wq = wq.view(torch.int32)
+    T, K = x.shape
+    N = wq.shape[0]
+    if 0 < T <= GEMV_MAX_T and N and K:
+        return affine_gemv(x, wq, scales, biases, bits, group_size, swiglu=swiglu)
+    out = _affine_product(x, wq, scales, biases, bits, group_size)
+    return silu_and_mul(out) if swiglu else out
+
+
+def _affine_product(x, wq, scales, biases, bits: int, group_size: int) -> torch.Tensor:
     T, K = x.shape
     N = wq.shape[0]
     out = torch.empty((T, N), dtype=x.dtype, device=x.device)
@@ -202,8 +217,6 @@ def _affine_matmul_op(
         return out
     if K == 0:
         return out.zero_()
-    if T <= GEMV_MAX_T:
-        return affine_gemv(x, wq, scales, biases, bits, group_size, out=out)
     cfg = matmul_config(T, N, K, x.device, x.dtype, group_size)
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     bk = max(bk, group_size)
@@ -254,10 +267,13 @@ def dequantize_affine_ref(wq, scales, biases, bits: int, group_size: int) -> tor
     return out.reshape(q.shape)
 
 
-def affine_matmul_ref(x, wq, scales, biases, bits: int, group_size: int) -> torch.Tensor:
-    _check(x, wq, scales, biases, bits, group_size)
+def affine_matmul_ref(
+    x, wq, scales, biases, bits: int, group_size: int, swiglu: bool = False
+) -> torch.Tensor:
+    _check(x, wq, scales, biases, bits, group_size, swiglu)
     w = dequantize_affine_ref(wq, scales, biases, bits, group_size)
-    return (x.float() @ w.T).to(x.dtype)
+    out = (x.float() @ w.T).to(x.dtype)
+    return silu_and_mul_ref(out) if swiglu else out
 
 
 affine_matmul = dispatch("affine_matmul", _affine_matmul_op, affine_matmul_ref)

@@ -29,13 +29,13 @@ def store_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SWIGLU: tl.constexpr = False,
 ):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile of out (rows rm, columns rn). With SPLIT_K > 1 each
-    split stores its partial; the last to arrive sums all SPLIT_K in order and writes out."""
-    mask = (rm < T)[:, None] & (rn < N)[None, :]
-    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    split stores its partial; the last to arrive sums all SPLIT_K in order and writes out. SWIGLU
+    (one row): the tile is BLOCK_N / 2 gate sums then their up sums, written as SwiGLU (_write)."""
     if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _write(acc, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU)
     else:
         # part: [num_tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32; lock: one zeroed int32 per tile.
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -48,8 +48,26 @@ def store_tile(
             for s in tl.static_range(SPLIT_K):
                 # .cg: read through L2; this SM's L1 may hold a stale copy from an earlier call.
                 total += tl.load(tile_part + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            _write(total, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU)
             tl.atomic_xchg(lock_ptr + tile, 0)  # re-armed for the next call
+
+
+@triton.jit
+def _write(tile, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+    dtype = out_ptr.dtype.element_ty
+    if SWIGLU:
+        # [1, BLOCK_N] -> (gate, up) [BLOCK_N / 2] each, both at output columns rn's halves;
+        # rounded to the output dtype first and then as silu_and_mul (swiglu.py): the same bits
+        # as the GEMV's output taken through that kernel
+        pairs = tl.trans(tl.reshape(tile.to(dtype).to(tl.float32), (2, BLOCK_N // 2)))
+        g, u = tl.split(pairs)
+        cols, _ = tl.split(tl.trans(tl.reshape(rn, (2, BLOCK_N // 2))))
+        y = g / (1.0 + tl.exp(-g)) * u
+        tl.store(out_ptr + cols, y.to(dtype), mask=cols < N)
+    else:
+        mask = (rm < T)[:, None] & (rn < N)[None, :]
+        out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+        tl.store(out_ptrs, tile.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -64,14 +82,34 @@ def store_row(
     pid_k,
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SWIGLU: tl.constexpr = False,
 ):
     """A one-token GEMV's [BLOCK_N, K step] fp32 products summed over K into out's row block rn
-    (store_tile's split-K protocol with one row)."""
+    (store_tile's split-K protocol with one row; SWIGLU as there, rn and N from tile_rows)."""
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(
         out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k, 1,
-        BLOCK_N, SPLIT_K,
+        BLOCK_N, SPLIT_K, SWIGLU,
     )  # fmt: skip
+
+
+@triton.jit
+def tile_rows(pid_n, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+    """(output columns, width of out, weight rows as int64) of a one-token GEMV program's BLOCK_N
+    tile rows, rows past the end clamped to the last. SWIGLU (SwiGLU on the output; N = 2 I rows,
+    gate then up): tile rows j < BLOCK_N / 2 are gate rows c + j and the rest their up rows
+    I + c + j, both halves naming output columns c + j of the I-wide out."""
+    j = tl.arange(0, BLOCK_N)
+    if SWIGLU:
+        half: tl.constexpr = BLOCK_N // 2
+        width = N // 2
+        cols = pid_n * half + j % half
+        rows = tl.minimum(cols, width - 1) + tl.where(j < half, 0, width)
+    else:
+        width = N
+        cols = pid_n * BLOCK_N + j
+        rows = tl.minimum(cols, N - 1)
+    return cols, width, rows.to(tl.int64)
 
 
 @triton.jit
@@ -125,6 +163,11 @@ def gemv_launch(device: torch.device, N: int, k_units: int, cfg: dict, unit_key:
     per_split = triton.cdiv(triton.cdiv(k_units, bk), split) * bk
     part, locks = split_k_buffers(device, n_tiles, split, 1, bn)
     return (n_tiles, split), per_split, part, locks
+
+
+def swiglu_config(cfg: dict, swiglu: bool) -> dict:
+    """A GEMV config for SwiGLU on the output (tile_rows): a tile needs a gate and an up row."""
+    return {**cfg, "BLOCK_N": 2} if swiglu and cfg["BLOCK_N"] < 2 else cfg
 
 
 def int_x(cfg: dict, x_dtype: torch.dtype) -> bool:

@@ -36,6 +36,8 @@ from kipp_cuda.kernels.matmul_tiles import (
     num_sms,
     pick_split_k,
     store_row,
+    swiglu_config,
+    tile_rows,
 )
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
@@ -70,6 +72,7 @@ def _q8_0_gemv_kernel(
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
+    SWIGLU: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -78,9 +81,8 @@ def _q8_0_gemv_kernel(
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn, width, rows = tile_rows(pid_n, N, BLOCK_N, SWIGLU)  # SWIGLU: gate, up rows
     rg = tl.arange(0, BLOCK_G)
-    rows = tl.minimum(rn, N - 1).to(tl.int64)
     w_rows = qw_ptr + rows[:, None] * stride_qn
     d_rows = d_ptr + rows[:, None] * stride_dn
     g_start = pid_k * groups_per_split
@@ -114,7 +116,7 @@ def _q8_0_gemv_kernel(
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
-    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
+    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU)
 
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
@@ -143,14 +145,16 @@ def q8_0_gemv(
     config: dict | None = None,
     out: torch.Tensor | None = None,
     asm: bool | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
-    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path)."""
+    asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
+    qs holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows)."""
     N, K = qs.shape
     if out is None:
-        out = torch.empty((1, N), dtype=x.dtype, device=x.device)
+        out = torch.empty((1, N // 2 if swiglu else N), dtype=x.dtype, device=x.device)
     num_groups = K // QK8_0
-    cfg = config or gemv_config(N, num_groups, x.device)
+    cfg = swiglu_config(config or gemv_config(N, num_groups, x.device), swiglu)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     if qs.stride(0) % 16 or qs.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         qs = qs.clone()
@@ -173,6 +177,7 @@ def q8_0_gemv(
         SPLIT_K=cfg["SPLIT_K"],
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
+        SWIGLU=swiglu,
         **launch_options(cfg, x.dtype),
         **pdl,
     )

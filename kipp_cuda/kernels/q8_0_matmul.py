@@ -31,6 +31,7 @@ from kipp_cuda.kernels.matmul_tiles import (
     tile_ids,
 )
 from kipp_cuda.kernels.q8_0_gemv import q8_0_gemv
+from kipp_cuda.kernels.swiglu import silu_and_mul, silu_and_mul_ref
 
 GEMV_MAX_T = 1  # larger T goes to the tl.dot kernel (16-row tiles up to T = 16)
 SKINNY_MAX_T = 16
@@ -133,7 +134,9 @@ def _q8_0_matmul_kernel(
 # -- host ---------------------------------------------------------------------------------------
 
 
-def _check(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> None:
+def _check(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, swiglu: bool = False) -> None:
+    if swiglu and qs.dim() == 2 and qs.shape[0] % 2:
+        raise ValueError(f"swiglu needs gate and up rows (an even N), got qs {tuple(qs.shape)}")
     if x.dim() != 2 or qs.dim() != 2 or x.shape[1] != qs.shape[1]:
         raise ValueError(
             f"q8_0_matmul needs x [T, K] and qs [N, K], got {tuple(x.shape)} and {tuple(qs.shape)}"
@@ -178,10 +181,23 @@ def matmul_config(
     return cfg
 
 
-def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    _check(x, qs, d)
+def _q8_0_matmul_op(
+    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, swiglu: bool = False
+) -> torch.Tensor:
+    """x [T, K] @ dequant(qs, d)^T -> [T, N]. swiglu: qs holds gate then up rows (a gate_up_proj)
+    and the result is their SwiGLU [T, N / 2]; the one-token GEMV computes it in its epilogue."""
+    _check(x, qs, d, swiglu)
     if x.stride(1) != 1 or qs.stride(1) != 1 or d.stride(1) != 1:
         raise ValueError("q8_0_matmul needs x, qs and d with the last dimension contiguous")
+    T, K = x.shape
+    N = qs.shape[0]
+    if 0 < T <= GEMV_MAX_T and N and K:
+        return q8_0_gemv(x, qs, d, swiglu=swiglu)
+    out = _q8_0_product(x, qs, d)
+    return silu_and_mul(out) if swiglu else out
+
+
+def _q8_0_product(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     T, K = x.shape
     N = qs.shape[0]
     out = torch.empty((T, N), dtype=x.dtype, device=x.device)
@@ -189,8 +205,6 @@ def _q8_0_matmul_op(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch
         return out
     if K == 0:
         return out.zero_()
-    if T <= GEMV_MAX_T:
-        return q8_0_gemv(x, qs, d, out=out)
     cfg = matmul_config(T, N, K, x.device, x.dtype)
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     per_split = triton.cdiv(triton.cdiv(K, bk), split) * bk
@@ -231,9 +245,12 @@ def dequantize_q8_0_ref(qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return g.reshape(qs.shape)
 
 
-def q8_0_matmul_ref(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    _check(x, qs, d)
-    return (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
+def q8_0_matmul_ref(
+    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, swiglu: bool = False
+) -> torch.Tensor:
+    _check(x, qs, d, swiglu)
+    out = (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
+    return silu_and_mul_ref(out) if swiglu else out
 
 
 q8_0_matmul = dispatch("q8_0_matmul", _q8_0_matmul_op, q8_0_matmul_ref)
