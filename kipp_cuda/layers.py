@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 from kipp_core.quant import check_scheme
-from kipp_cuda.kernels.affine_matmul import affine_embedding, affine_matmul
+from kipp_cuda.kernels.affine_matmul import affine_matmul
 from kipp_cuda.kernels.dense_gemv import dense_gemv
-from kipp_cuda.kernels.q8_0_matmul import q8_0_embedding, q8_0_matmul
+from kipp_cuda.kernels.embedding import affine_embedding, q8_0_embedding
+from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
 from kipp_cuda.kernels.swiglu import silu_and_mul
 
 
@@ -92,11 +93,13 @@ def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module
     return AffineLinear(parts["weight"], parts["scales"], parts["biases"], bits, gs)
 
 
-def embed(table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Rows of an embedding stored as any of the linear kinds (tied heads share the table)."""
+def embed(table: nn.Module, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of an embedding stored as any of the linear kinds (tied heads share the table), in
+    dtype; a quantized table dequantizes in one launch (kernels/embedding.py)."""
     if isinstance(table, DenseLinear):
-        return torch.nn.functional.embedding(ids, table.weight)
+        return torch.nn.functional.embedding(ids, table.weight).to(dtype)
     if isinstance(table, Q8Linear):
-        return q8_0_embedding(ids, table.qs, table.scales)
+        return q8_0_embedding(ids, table.qs, table.scales, dtype)
     assert isinstance(table, AffineLinear)
-    return affine_embedding(ids, table.wq, table.scales, table.biases, table.bits, table.group_size)
+    w = (table.wq, table.scales, table.biases, table.bits, table.group_size)
+    return affine_embedding(ids, *w, dtype)

@@ -87,12 +87,12 @@ class Qwen3Model(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial of the embedding (the first layer all-reduces it)."""
         if self.tp_size == 1:
-            return embed(self.embed_tokens, input_ids).to(self.dtype)
+            return embed(self.embed_tokens, input_ids, self.dtype)
         # Vocabulary-parallel: each rank holds rows [lo, lo + n); others contribute zeros.
         lo = self.tp_rank * self.vocab_per_rank
         local = input_ids - lo
         inside = (local >= 0) & (local < self.vocab_per_rank)
-        x = embed(self.embed_tokens, torch.where(inside, local, 0)).to(self.dtype)
+        x = embed(self.embed_tokens, torch.where(inside, local, 0), self.dtype)
         return x * inside[:, None].to(x.dtype)
 
     def forward(

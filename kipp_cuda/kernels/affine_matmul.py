@@ -279,15 +279,6 @@ def affine_matmul_ref(
 affine_matmul = dispatch("affine_matmul", _affine_matmul_op, affine_matmul_ref)
 
 
-def affine_embedding(
-    ids: torch.Tensor, wq, scales, biases, bits: int, group_size: int
-) -> torch.Tensor:
-    """Rows `ids` [T] of an affine table, dequantized: fp32 [T, K]."""
-    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"ids must be an integer [T] tensor, got {ids.dtype} {tuple(ids.shape)}")
-    return dequantize_affine_ref(wq[ids], scales[ids], biases[ids], bits, group_size)
-
-
 def bench_specs(device: str = "cuda") -> list[dict]:
     """Qwen3 0.6B and 8B projections from decode to prefill, 4-bit and 8-bit, group 32 with bf16
     scales and biases (as MLX stores them). Weights rotate so that every call streams from HBM."""

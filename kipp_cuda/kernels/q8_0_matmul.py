@@ -256,13 +256,6 @@ def q8_0_matmul_ref(
 q8_0_matmul = dispatch("q8_0_matmul", _q8_0_matmul_op, q8_0_matmul_ref)
 
 
-def q8_0_embedding(ids: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` [T] of a q8_0 table, dequantized: fp32 [T, K]."""
-    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"ids must be an integer [T] tensor, got {ids.dtype} {tuple(ids.shape)}")
-    return dequantize_q8_0_ref(qs[ids], d[ids])
-
-
 def bench_specs(device: str = "cuda") -> list[dict]:
     """Qwen3 0.6B and 8B projections (qkv, o, gate_up, down) from decode to prefill. Weights are
     rotated through enough copies that every call streams them from HBM, not L2."""

@@ -11,6 +11,7 @@ from kipp_core.quant import dequantize_affine, dequantize_q8_0, quantize_affine,
 from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import affine_matmul as am
 from kipp_cuda.kernels import bench
+from kipp_cuda.kernels import embedding as emb
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels import swiglu as sw
@@ -70,11 +71,29 @@ def test_q8_0_split_k_is_deterministic_and_rearms_its_counters():
     close(first, x.double().cpu() @ w64.T, torch.float32)
 
 
-def test_q8_0_embedding():
-    qs, d, w64 = q8_weights(50, 96, seed=4)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_quantized_embeddings_equal_their_references(dtype):
+    """One launch dequantizes the rows: the reference's bits (no FMA in q * scale + bias), and
+    the rows of the dequantized table; repeated and edge ids, K not a multiple of the block."""
+
+    def same(got, want):  # (the interpreter rounds fp32 to bf16 by truncation: only close there)
+        if HAS_CUDA or dtype != torch.bfloat16:
+            assert torch.equal(got, want)
+        else:
+            close(got, want, dtype)
+
     ids = torch.tensor([0, 49, 7, 7], device=DEV)
-    got = qm.q8_0_embedding(ids, qs, d)
-    assert torch.equal(got.double().cpu(), w64[ids.cpu()])
+    qs, d, w64 = q8_weights(50, 1120, seed=4)
+    got = run(emb._q8_0_embedding_op, ids, qs, d, dtype)
+    assert got.dtype == dtype
+    same(got, emb.q8_0_embedding_ref(ids, qs, d, dtype))
+    assert torch.equal(run(emb._q8_0_embedding_op, ids, qs, d).double().cpu(), w64[ids.cpu()])
+    for bits in (4, 8):
+        wq, s, b, w64 = affine_weights(50, 1120, bits, 32, seed=7, sdtype=torch.bfloat16)
+        got = run(emb._affine_embedding_op, ids, wq, s, b, bits, 32, dtype)
+        want = emb.affine_embedding_ref(ids, wq, s, b, bits, 32, dtype)
+        same(got, want)
+        close(run(emb._affine_embedding_op, ids, wq, s, b, bits, 32), w64[ids.cpu()], dtype)
 
 
 def test_q8_0_rejects_bad_operands():
@@ -127,13 +146,6 @@ def test_affine_takes_uint32_words_and_any_float_scales():
     x = randn(1, 256, dtype=torch.bfloat16, seed=17)
     out = run(am._affine_matmul_op, x, wq.view(torch.uint32), s, b, 4, 32)
     close(out, x.double().cpu() @ w64.T, torch.bfloat16)
-
-
-def test_affine_embedding():
-    wq, s, b, w64 = affine_weights(20, 128, 4, 32, seed=7, sdtype=torch.float32)
-    ids = torch.tensor([19, 0, 3], device=DEV)
-    got = am.affine_embedding(ids, wq, s, b, 4, 32)
-    torch.testing.assert_close(got.double().cpu(), w64[ids.cpu()], rtol=1e-6, atol=1e-6)
 
 
 def test_affine_rejects_bad_operands():
