@@ -20,7 +20,8 @@
 #   final, async, profile  earlier sessions' closing runs, async A/B, per-kernel decode profile
 #   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
 #   s12     twelfth session: the GEMVs' L2 prefetch (tests, step A/B, 8B decode; reverted since);
-#           s12t the GPU's idle time between decode steps; s12s SwiGLU in gate_up's epilogue
+#           s12t the GPU's idle time between decode steps; s12s SwiGLU in gate_up's epilogue;
+#           s12f the fused decode attention, the full GPU suite, 8B and 0.6B decode
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -393,6 +394,24 @@ s12s)  # twelfth session: SwiGLU in the quantized gate_up GEMV's epilogue. GPU t
   timeout 200 python scripts/step_ablation.py --quants q8_0,affine4 --variants full,gemv 2>&1 \
     | tee "$OUT/step_swiglu.log" | grep -vE "Warning|warn" | tail -4
   decode8 b8s 90 "${PROMPT:-2048}"
+  ;;
+s12f)  # twelfth session: q/k norm + RoPE + the K/V store fused into decode attention, SwiGLU in
+  # gate_up's epilogue, the quantized embeddings in one launch. The GPU tests of tests/cuda and
+  # tests/conformance (not MLX), the 8B decode step with the fused decode on and off
+  # (step_ablation.py), 8B decode in bf16, q8_0 and affine4, 0.6B batch-1 decode
+  step "GPU tests: tests/cuda, tests/conformance"
+  timeout 300 python -m pytest -q -p no:cacheprovider -n 6 --timeout 280 -rf tests/cuda \
+    tests/conformance -k "not mlx" 2>&1 | tee "$OUT/tests_s12f.log" \
+    | grep -E "passed|failed|FAIL|Error" | tail -12
+  step "8B decode step, fused decode on / off"
+  timeout 130 python scripts/step_ablation.py --quants q8_0,affine4 --variants \
+    "full,env:KIPP_CUDA_FUSED_DECODE=0" 2>&1 | tee "$OUT/step_fused.log" \
+    | grep -vE "Warning|warn" | tail -4
+  decode8 b8f 80 "${PROMPT:-2048}"
+  step "0.6B batch-1 decode"
+  timeout 80 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --kv-cache-memory 16GiB \
+    --json "$OUT/b06f.json" 2>&1 | grep -E "\| kipp" | tail -2
   ;;
 s12t)  # twelfth session: where the GPU idles between decode steps (engine steps with graphs on,
   # scripts/profile_decode.py --timeline), 8B q8_0 and 0.6B at batch 1, context 2048

@@ -5,14 +5,15 @@ fusing that kernel away could save at most.
 
   full      the model as it runs
   norm      no RMSNorm launches (input, post-attention, final)
-  act       no separate SwiGLU launch (the quantized down_proj's input; dense fuses it already)
-  attn      no decode attention (and no split merge)
-  qkv       no q/k norm + RoPE + KV write
+  act       no separate SwiGLU launch (none is left at batch 1: the GEMVs fuse it)
+  attn      no q/k norm, RoPE, KV write or decode attention (one fused launch at decode)
+  qkv       no q/k norm + RoPE + KV write (a launch of its own only with
+            env:KIPP_CUDA_FUSED_DECODE=0)
   gemv      none of the four above: the GEMVs alone
   da:A=v;B=w   the full model with decode_attention's module settings A, B changed (for example
             da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step
   env:NAME=v   the graph captured with environment variable NAME set to v (for example
-            env:KIPP_CUDA_L2_PREFETCH=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
+            env:KIPP_CUDA_FUSED_DECODE=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
 python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
@@ -25,6 +26,7 @@ import os
 
 import torch
 
+import kipp_cuda.attention as attention_mod
 import kipp_cuda.kernels.decode_attention as decode_attention
 import kipp_cuda.layers as layers
 import kipp_cuda.model as model_mod
@@ -44,8 +46,9 @@ def _no_act(x):
     return x[:, : x.shape[1] // 2]
 
 
-def _no_attn(q, kv, meta, scale):
-    return q
+def _no_attn(qkv, layer, kv, meta, positions, cos_sin):
+    d = layer.head_dim
+    return qkv[:, : layer.num_heads * d].view(qkv.shape[0], layer.num_heads, d)
 
 
 def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
@@ -56,8 +59,8 @@ def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
 PATCHES = {
     "norm": [(tp_reduce, "rms_norm", _no_norm)],
     "act": [(layers, "silu_and_mul", _no_act)],
-    "attn": [(model_mod, "attention", _no_attn)],
-    "qkv": [(model_mod, "store_qkv", _no_qkv)],
+    "attn": [(model_mod, "attend", _no_attn)],
+    "qkv": [(attention_mod, "store_qkv", _no_qkv)],
 }
 PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
 

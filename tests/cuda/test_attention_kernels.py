@@ -173,6 +173,79 @@ def test_paged_decode_attention_q8(dtype, G, short_splits):
         assert_close(out, ref, dtype)
 
 
+def _fused_decode_case(dtype, G, hkv=2, d=64, page=16, ctx=DECODE_CTX, seed=0):
+    """A paged context whose last position (this step's token) is poisoned, and a qkv row a
+    sequence whose k/v belong there; positions ctx - 1, slots of those positions (-1 for ctx 0)."""
+    from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
+
+    p = Paged(ctx, hkv, d, page, dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed + 2)
+    B = len(ctx)
+    qkv = (torch.randn(B, (G * hkv + 2 * hkv) * d, generator=g) * 2).to(dtype).to(DEV)
+    weights = [(1 + 0.3 * torch.randn(d, generator=g)).to(dtype).to(DEV) for _ in range(2)]
+    last = torch.tensor([max(n - 1, 0) for n in ctx])
+    bt = p.block_tables.cpu()
+    slots = torch.tensor(
+        [int(bt[b, n // page]) * page + n % page if c else -1 for b, (n, c) in enumerate(
+            zip(last.tolist(), ctx))], dtype=torch.int64)  # fmt: skip
+    for sl in slots.tolist():
+        if sl >= 0:
+            p.k_cache.view(-1, hkv, d)[sl] = float("nan")
+            p.v_cache.view(-1, hkv, d)[sl] = float("nan")
+    rope = rope_cos_sin_cache(256, d, 1e6, DEV)
+    return p, qkv, weights, last.to(DEV), rope, slots.to(DEV)
+
+
+@pytest.mark.parametrize("G", [1, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
+def test_fused_decode_equals_norm_rope_write_then_attention(dtype, G, short_splits):
+    """paged_decode_attention_qkv (q/k norm, RoPE, the K/V store and attention in one launch)
+    against qk_norm_rope_kv_write then paged_decode_attention, as kernels and as references:
+    the same outputs within rounding, and the same K/V stored at the new token's slot (poisoned
+    before; a padded slot stores nothing). Contexts put the new token first, last and alone in a
+    tile, and the splits in several programs."""
+    from kipp_cuda.kernels.qk_norm_rope import _qk_norm_rope_kv_write_op
+
+    p, qkv, (wq, wk), pos, rope, slots = _fused_decode_case(dtype, G, seed=G)
+    hq, hkv, d = G * 2, 2, 64
+    scale = 1 / math.sqrt(d)
+    for num_splits in (None, 3):
+        caches = [[c.clone() for c in p.cache_args()] for _ in range(2)]
+        args = (p.block_tables, p.context_lens, scale)
+        with poisoned_empty():
+            got = dec._paged_decode_attention_qkv_op(
+                qkv, wq, wk, pos, rope, 1e-6, slots, hq, *caches[0], *args,
+                max_context_len=max(p.ctx_lens), num_splits=num_splits,
+            )  # fmt: skip
+            q = _qk_norm_rope_kv_write_op(
+                qkv, wq, wk, pos, rope, hq, hkv, d, 1e-6, slots, *caches[1]
+            )
+            want = dec._paged_decode_attention_op(
+                q, *caches[1], *args, max_context_len=max(p.ctx_lens), num_splits=num_splits
+            )
+        assert_close(got, want, dtype)
+        # the new token's K/V come from registers: with nothing stored (slot -1), its poisoned
+        # cache slot is never read
+        with poisoned_empty():
+            kept = dec._paged_decode_attention_qkv_op(
+                qkv, wq, wk, pos, rope, 1e-6, torch.full_like(slots, -1), hq,
+                *[c.clone() for c in p.cache_args()], *args,
+                max_context_len=max(p.ctx_lens), num_splits=num_splits,
+            )  # fmt: skip
+        assert torch.equal(kept, got)
+        for a, b in zip(caches[0], caches[1]):
+            assert torch.isnan(a).sum() == torch.isnan(b).sum()  # exactly the slots written
+            torch.testing.assert_close(
+                a.nan_to_num().float().cpu(), b.nan_to_num().float().cpu(), **TOL[dtype]
+            )
+    ref_caches = [c.clone() for c in p.cache_args()]
+    ref = dec.paged_decode_attention_qkv_ref(
+        qkv, wq, wk, pos, rope, 1e-6, slots, hq, *ref_caches, p.block_tables, p.context_lens,
+        scale,
+    )  # fmt: skip
+    assert_close(got, ref, dtype)
+
+
 def test_decode_splits_are_host_ints_and_long_contexts_split():
     cpu = torch.device("cpu")
     assert dec.num_splits_for(1, 2, 16384, cpu) > 1
