@@ -1,15 +1,14 @@
 """Paged attention for one layer: store the new K/V in the cache (fused into qk-norm + RoPE for
-caches that are not quantized; at decode, also into the attention kernel), then attend over the
-context. The metadata travels as an explicit argument, never through a global."""
+caches that are not quantized), then attend over the context. The metadata travels as an explicit
+argument, never through a global."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from kipp_cuda.kernels.decode_attention import paged_decode_attention, paged_decode_attention_qkv
+from kipp_cuda.kernels.decode_attention import paged_decode_attention
 from kipp_cuda.kernels.kv_write import kv_write
 from kipp_cuda.kernels.prefill_attention import paged_prefill_attention
 from kipp_cuda.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_kv_write
@@ -58,27 +57,6 @@ def store_qkv(
     v = v.reshape(qkv.shape[0], layer.num_kv_heads, layer.head_dim)
     kv_write(k, v, kv.k, kv.v, meta.slot_mapping, kv.k_scale, kv.v_scale)
     return q
-
-
-def attend(
-    qkv: torch.Tensor, layer, kv: LayerKV, meta: AttentionMetadata, positions, cos_sin
-) -> torch.Tensor:
-    """One layer's q/k norm, RoPE, K/V store and attention: qkv [T, (Hq + 2 Hkv) D] ->
-    [T, Hq, D]. A decode over a cache that is not quantized is one launch
-    (paged_decode_attention_qkv; KIPP_CUDA_FUSED_DECODE=0: two, as everything else takes)."""
-    scale = layer.head_dim**-0.5
-    if meta.is_decode and kv.k_scale is None and fused_decode():
-        return paged_decode_attention_qkv(
-            qkv, layer.q_norm, layer.k_norm, positions, cos_sin, layer.eps, meta.slot_mapping,
-            layer.num_heads, kv.k, kv.v, meta.block_tables, meta.context_lens, scale,
-            meta.max_context_len,
-        )  # fmt: skip
-    return attention(store_qkv(qkv, layer, kv, meta, positions, cos_sin), kv, meta, scale)
-
-
-def fused_decode() -> bool:
-    """Read a call (as the graphs are captured): KIPP_CUDA_FUSED_DECODE=0 turns it off."""
-    return os.environ.get("KIPP_CUDA_FUSED_DECODE", "1").strip() not in ("0", "false", "no")
 
 
 def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:

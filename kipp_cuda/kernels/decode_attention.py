@@ -32,7 +32,6 @@ from kipp_cuda.kernels.decode_tiles import attend_run, load_tile
 from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
 from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
-from kipp_cuda.kernels.qk_norm_rope import _check, norm_rope_rows, qk_norm_rope_kv_write_ref
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
@@ -66,12 +65,6 @@ def _paged_decode_attention_kernel(
     v_scale_ptr,
     block_tables_ptr,
     context_lens_ptr,
-    qw_ptr,
-    kw_ptr,
-    pos_ptr,
-    cos_sin_ptr,
-    slot_ptr,
-    eps,
     qk_scale,
     num_splits,
     stride_qb,
@@ -90,9 +83,6 @@ def _paged_decode_attention_kernel(
     stride_ss,
     stride_sh,
     stride_bt,
-    stride_rope,
-    NUM_Q_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
     G: tl.constexpr,
     BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -109,7 +99,6 @@ def _paged_decode_attention_kernel(
     CHUNK_S: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
-    FUSED_QKV: tl.constexpr,
 ):
     pdl_trigger(PDL)
     b = tl.program_id(0)
@@ -164,44 +153,26 @@ def _paged_decode_attention_kernel(
         live = ctx >= 0  # always: an empty sequence (a padded batch slot) still writes zeros
     else:
         live = start < ctx  # a split past the sequence attends to nothing
-    q_row = q_ptr + b * stride_qb
-    if FUSED_QKV:
-        # q_ptr is qkv [B, (Hq + 2 Hkv) D]: q/k norm and RoPE here (qk_norm_rope.py's math), and
-        # the program whose run holds position ctx - 1 stores this step's K/V; every program
-        # takes them from registers (with_new_kv), so none waits for that store.
-        cs_row = cos_sin_ptr + tl.load(pos_ptr + b) * stride_rope
-        q = norm_rope_rows(q_row + heads * HEAD_DIM, g_mask, qw_ptr, cs_row, eps, HEAD_DIM)
-        one = tl.arange(0, 1)
-        k_row = q_row + (NUM_Q_HEADS + h) * HEAD_DIM + one
-        k_new = norm_rope_rows(k_row, one == 0, kw_ptr, cs_row, eps, HEAD_DIM)
-        v_new = tl.load(k_row[:, None] + NUM_KV_HEADS * HEAD_DIM + rd[None, :])
-        slot = tl.load(slot_ptr + b)
-        if (slot >= 0) & (start < ctx) & (ctx <= end):
-            dst = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + h * stride_ch
-            tl.store(k_cache_ptr + dst + rd[None, :], k_new)
-            tl.store(v_cache_ptr + dst + rd[None, :], v_new)
-    else:
-        # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
-        q = tl.load(q_row + heads[:, None] * stride_qh + rd[None, :], mask=g_mask[:, None], other=0)
-        k_new = tl.zeros((1, HEAD_DIM), DOT_DTYPE)
-        v_new = k_new
     if live:
         acc, m_i, l_i = attend_run(
-            q.to(DOT_DTYPE),
+            q_ptr,
             k_cache_ptr,
             v_cache_ptr,
             k_scale_ptr,
             v_scale_ptr,
             bt_row,
+            b,
             h,
+            heads,
+            g_mask,
             start,
             end,
             ctx,
             k_pre,
             v_pre,
-            k_new,
-            v_new,
             qk_scale,
+            stride_qb,
+            stride_qh,
             stride_cb,
             stride_cs,
             stride_ch,
@@ -216,7 +187,6 @@ def _paged_decode_attention_kernel(
             DOT_DTYPE,
             PRECISION,
             PREFETCH,
-            FUSED_QKV,
         )
         # An empty sequence leaves l_i == 0: write zeros, not NaN.
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -314,52 +284,6 @@ def _paged_decode_attention_op(
     allocated by the first call of a given B * Hkv, so make one before CUDA-graph capture.
     Returns [B, Hq, D] in q's dtype.
     """
-    return _decode(
-        q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale,
-        max_context_len, num_splits, fused_merge, None,
-    )  # fmt: skip
-
-
-def _paged_decode_attention_qkv_op(
-    qkv,
-    q_weight,
-    k_weight,
-    positions,
-    cos_sin,
-    eps: float,
-    slot_mapping,
-    num_heads: int,
-    k_cache,
-    v_cache,
-    block_tables,
-    context_lens,
-    scale: float,
-    max_context_len: int | None = None,
-    num_splits: int | None = None,
-) -> torch.Tensor:
-    """qk_norm_rope_kv_write and paged_decode_attention in one launch (decode, a cache that is not
-    quantized): qkv [B, (Hq + 2 Hkv) D] straight from qkv_proj, the rest as those two take it.
-    Stores this step's K/V at slot_mapping and returns [B, Hq, D]."""
-    B, D = qkv.shape[0], k_cache.shape[-1]
-    num_kv_heads = k_cache.shape[2]
-    _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, D)
-    if qkv.stride(1) != 1 or cos_sin.stride(1) != 1 or D & (D - 1):
-        raise ValueError("the fused decode needs qkv and cos_sin rows contiguous, D a power of 2")
-    if k_cache.dtype == torch.int8 or slot_mapping.shape != (B,):
-        raise ValueError("the fused decode needs an unquantized cache and one slot a sequence")
-    q = qkv[:, : num_heads * D].view(B, num_heads, D)
-    rope = (q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin, slot_mapping, eps)
-    return _decode(
-        q, k_cache, v_cache, block_tables, context_lens, scale, None, None, max_context_len,
-        num_splits, None, rope,
-    )  # fmt: skip
-
-
-def _decode(
-    q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, max_context_len,
-    num_splits, fused_merge, rope,
-) -> torch.Tensor:  # fmt: skip
-    # rope: None, or (q_weight, k_weight, positions, cos_sin, slot_mapping, eps) for FUSED_QKV
     B, num_q_heads, head_dim = q.shape
     is_q8 = check_attention_inputs(
         q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B
@@ -401,8 +325,6 @@ def _decode(
         v_scale,
         block_tables,
         context_lens,
-        *(rope[:5] if rope else (q,) * 5),  # (unused without FUSED_QKV)
-        float(rope[5]) if rope else 0.0,
         scale * LOG2E,
         num_splits,
         q.stride(0),
@@ -413,9 +335,6 @@ def _decode(
         *k_cache.stride()[:3],
         *s_strides,
         block_tables.stride(0),
-        rope[3].stride(0) if rope else 0,
-        NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
         G=G,
         BLOCK_G=max(16, triton.next_power_of_2(G)),
         HEAD_DIM=head_dim,
@@ -427,7 +346,6 @@ def _decode(
         DOT_DTYPE=dt,
         PRECISION="ieee" if dt == tl.float32 else "tf32",
         PREFETCH=PREFETCH_KV and not one_split,
-        FUSED_QKV=rope is not None,
         FUSED_MERGE=fused,
         MERGE_H=merge_h,
         BLOCK_S=block_s,
@@ -471,20 +389,4 @@ def paged_decode_attention_ref(
 
 paged_decode_attention = dispatch(
     "paged_decode_attention", _paged_decode_attention_op, paged_decode_attention_ref
-)
-
-
-def paged_decode_attention_qkv_ref(
-    qkv, q_weight, k_weight, positions, cos_sin, eps, slot_mapping, num_heads, k_cache, v_cache,
-    block_tables, context_lens, scale, max_context_len=None, num_splits=None,
-) -> torch.Tensor:  # fmt: skip
-    q = qk_norm_rope_kv_write_ref(
-        qkv, q_weight, k_weight, positions, cos_sin, num_heads, k_cache.shape[2],
-        k_cache.shape[3], eps, slot_mapping, k_cache, v_cache,
-    )  # fmt: skip
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
-
-
-paged_decode_attention_qkv = dispatch(
-    "paged_decode_attention_qkv", _paged_decode_attention_qkv_op, paged_decode_attention_qkv_ref
 )

@@ -82,33 +82,25 @@ def tile_math(
 
 
 @triton.jit
-def with_new_kv(k, v, n0, ctx, k_new, v_new, BLOCK_N: tl.constexpr, NEW_KV: tl.constexpr):
-    # NEW_KV: this step's K/V (k_new, v_new [1, HEAD_DIM]) come from the registers, not the cache:
-    # the tile's row of position ctx - 1, if it holds it, is replaced by them.
-    if NEW_KV:
-        at = (n0 + tl.arange(0, BLOCK_N) == ctx - 1)[:, None]
-        k = tl.where(at, k_new.to(k.dtype), k)
-        v = tl.where(at, v_new.to(v.dtype), v)
-    return k, v
-
-
-@triton.jit
 def attend_run(
-    q,
+    q_ptr,
     k_cache_ptr,
     v_cache_ptr,
     k_scale_ptr,
     v_scale_ptr,
     bt_row,
+    b,
     h,
+    heads,
+    g_mask,
     start,
     end,
     ctx,
     k_pre,
     v_pre,
-    k_new,
-    v_new,
     qk_scale,
+    stride_qb,
+    stride_qh,
     stride_cb,
     stride_cs,
     stride_ch,
@@ -123,11 +115,17 @@ def attend_run(
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     PREFETCH: tl.constexpr,
-    NEW_KV: tl.constexpr,
 ):
-    # (acc, m, l) of q [BLOCK_G, HEAD_DIM] (DOT_DTYPE: kv head h's query heads, zero rows past
-    # them) over KV positions [start, end): fp32, log2 domain. With PREFETCH, k_pre/v_pre hold
-    # the first tile, loaded before the PDL wait. NEW_KV: with_new_kv.
+    # (acc, m, l) of the query heads `heads` over KV positions [start, end): fp32, log2 domain.
+    # With PREFETCH, k_pre/v_pre hold the first tile, loaded before the PDL wait.
+    rd = tl.arange(0, HEAD_DIM)
+    # q rows: the G query heads of kv head h, padded to BLOCK_G with zeros.
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :],
+        mask=g_mask[:, None],
+        other=0,
+    )
+    q = q.to(DOT_DTYPE)
     m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_DIM), tl.float32)  # fp32 accumulation
@@ -135,9 +133,7 @@ def attend_run(
     if PREFETCH:
         first_end = tl.minimum(start + BLOCK_N, end)
         if start < first_end:
-            if NEW_KV:
-                k_pre, v_pre = with_new_kv(k_pre, v_pre, start, ctx, k_new, v_new, BLOCK_N, NEW_KV)
-            elif first_end == ctx:  # the tile holds this step's token, stored by the kernel before
+            if first_end == ctx:  # the tile holds this step's token, stored by the kernel before
                 k_pre, v_pre = load_tile(
                     k_cache_ptr,
                     v_cache_ptr,
@@ -201,8 +197,6 @@ def attend_run(
             False,
             DOT_DTYPE,
         )
-        if n0 + BLOCK_N >= ctx:  # (only the tile of position ctx - 1 can hold it)
-            k, v = with_new_kv(k, v, n0, ctx, k_new, v_new, BLOCK_N, NEW_KV)
         acc, m_i, l_i = tile_math(
             acc, m_i, l_i, q, k, v, n0, end, qk_scale, BLOCK_N, False, DOT_DTYPE, PRECISION
         )
@@ -229,7 +223,6 @@ def attend_run(
             True,
             DOT_DTYPE,
         )
-        k, v = with_new_kv(k, v, full_end, ctx, k_new, v_new, BLOCK_N, NEW_KV)
         acc, m_i, l_i = tile_math(
             acc, m_i, l_i, q, k, v, full_end, end, qk_scale, BLOCK_N, True, DOT_DTYPE, PRECISION
         )

@@ -109,30 +109,6 @@ def _qk_norm_rope_kernel(
         tl.store(k_dst + HALF, o2, mask=k_mask)
 
 
-@triton.jit
-def norm_rope_rows(rows, mask, w_ptr, cs_row, eps, HEAD_DIM: tl.constexpr):
-    """The kernel above's math on whole head vectors, for decode attention (decode_attention.py's
-    FUSED_QKV): rows [R] are pointers to heads of qkv, cs_row the cos/sin row of their position.
-    Each element meets its RoPE partner (d + D/2 mod D) through a second load of the same bytes.
-    Returns [R, HEAD_DIM] in the activation dtype (rows outside `mask` [R] are zeros)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    d = tl.arange(0, HEAD_DIM)
-    partner = (d + HALF) % HEAD_DIM
-    x = tl.load(rows[:, None] + d[None, :], mask=mask[:, None], other=0.0)
-    dtype = x.dtype
-    x = x.to(tl.float32)
-    xp = tl.load(rows[:, None] + partner[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    r = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-    w = tl.load(w_ptr + d).to(tl.float32)[None, :]
-    wp = tl.load(w_ptr + partner).to(tl.float32)[None, :]
-    h = ((x * r).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
-    hp = ((xp * r).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
-    cos = tl.load(cs_row + d % HALF)[None, :]
-    sin = tl.load(cs_row + HALF + d % HALF)[None, :]
-    # first half: h cos - h' sin; second half: h cos + h' sin (rotate_half)
-    return (h * cos + hp * tl.where(d < HALF, -sin, sin)).to(dtype)
-
-
 def rope_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device) -> torch.Tensor:
     """[max_pos, head_dim] fp32: cos of the head_dim / 2 frequencies times each position, then
     their sin. Computed in numpy float32 exactly as oracle.qwen3.rope_cos_sin does, so the table
