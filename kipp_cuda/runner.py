@@ -6,7 +6,10 @@ CUDA graphs, captured at start-up and sharing one memory pool:
 - single-sequence prefill of up to PREFILL_GRAPH_TOKENS[-1] new tokens (a prefix-cache hit, a chat
   turn, a speculative verification), padded to a bucket. Padding tokens come after the real ones,
   so causal attention keeps them out of the real rows, and their K/V is not stored (slot -1).
-Graph inputs are staged in pinned host memory and uploaded in two copies a step.
+Graph inputs are staged in one pinned host buffer and uploaded in one copy a step. A decode
+graph writes its argmax into g_last, where the last step's samples always are (copied there when
+they came from elsewhere), and in the steady state (the same sequences, in order) takes its
+PENDING ids from it itself: no device copy between the upload and the replay.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from kipp_cuda.staging import upload
 
 log = logging.getLogger("kipp")
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
-IDS, POS, SLOT, CTX = range(4)  # rows of the staged int64 inputs
+IDS, POS, SLOT, FROM = range(4)  # rows of the staged int64 inputs; FROM 1: take g_last's id
+_ALIGN = 128  # bytes: each staged section starts aligned (kernels specialize on alignment)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -57,6 +61,9 @@ class ModelRunner:
         self.prefill_tokens: list[int] = []
         self._last_tokens: torch.Tensor | None = None  # the last step's samples, on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row of _last_tokens
+        # With graphs, _last_tokens is always g_last[:k]: the decode graphs write their argmax
+        # there and read their steady-state PENDING ids from it, at one fixed address.
+        self.g_last = torch.zeros(max(max_num_seqs, 1), dtype=torch.int64, device=device)
         self.num_hidden_slots = NUM_HIDDEN_SLOTS
         hidden = model.config.hidden_size
         self.end_hidden = torch.zeros((NUM_HIDDEN_SLOTS, hidden), dtype=model.dtype, device=device)
@@ -195,6 +202,12 @@ class ModelRunner:
                 [s.num_logprobs for _, s in plain],
                 argmax=top if every else None,
             )
+            k = toks.shape[0]
+            if self.graph_bs and k <= self.g_last.shape[0]:
+                # Sampled rows, a prompt-end hit, a row subset: not the graph's argmax buffer.
+                if toks.data_ptr() != self.g_last.data_ptr():
+                    self.g_last[:k].copy_(toks)
+                toks = self.g_last[:k]
             self._last_tokens = toks
             self._last_rows = {s.seq_id: j for j, (_, s) in enumerate(plain)}
             for j, (i, _) in enumerate(plain):
@@ -262,14 +275,24 @@ class ModelRunner:
             src.append(row)
         return dst.tolist(), src
 
+    @staticmethod
+    def _in_order(pending) -> bool:
+        """The steady state: the last step's sampled sequences, in its order, pending first."""
+        dst, src = pending
+        return dst == src == list(range(len(dst)))
+
+    def _last_in_place(self) -> bool:
+        """Whether _last_tokens is g_last's prefix (always, with graphs, after a sampling step)."""
+        t = self._last_tokens
+        return t is not None and t.data_ptr() == self.g_last.data_ptr()
+
     def _fill_pending(self, ids: torch.Tensor, pending) -> None:
         """Write the previous step's samples, still on the device, over the PENDING ids."""
         if pending is None:
             return
         dst, src = pending
-        k = len(dst)
-        if dst == src == list(range(k)):  # the steady state: the same sequences, in order
-            ids[:k].copy_(self._last_tokens[:k])
+        if self._in_order(pending):
+            ids[: len(dst)].copy_(self._last_tokens[: len(dst)])
         else:
             ids[self._index(dst)] = self._last_tokens[self._index(src)]
 
@@ -280,13 +303,21 @@ class ModelRunner:
         dev, n = self.device, self.max_num_seqs
         self.prefill_tokens = [t for t in PREFILL_GRAPH_TOKENS if t <= self.max_model_len]
         rows = max(n, self.prefill_tokens[-1] if self.prefill_tokens else 1)
+        rows = -(-rows // 16) * 16  # so that every int64 row starts _ALIGN-aligned too
         pin = dev.type == "cuda"  # (CPU only in tests that stand in for the graphs)
-        self.h_in = torch.zeros((4, rows), dtype=torch.int64, pin_memory=pin)
-        self.h_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32, pin_memory=pin)
-        self.h_in_np, self.h_bt_np = self.h_in.numpy(), self.h_bt.numpy()
-        self.g_in = torch.zeros((4, rows), dtype=torch.int64, device=dev)
+        # One byte buffer each side, uploaded as one prefix a step: the int64 rows [4, rows],
+        # the int32 context lengths [n], the int32 block tables [n, max_blocks].
+        self.ctx_at = 4 * rows * 8
+        self.bt_at = self.ctx_at + -(-4 * n // _ALIGN) * _ALIGN
+        size = self.bt_at + 4 * n * self.max_blocks
+        self.h_stage = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+        self.g_stage = torch.zeros(size, dtype=torch.uint8, device=dev)
+        self.h_in, self.h_ctx, self.h_bt = self._views(self.h_stage, rows)
+        self.g_in, self.g_ctx, self.g_bt = self._views(self.g_stage, rows)
+        self.h_in_np, self.h_ctx_np, self.h_bt_np = (
+            t.numpy() for t in (self.h_in, self.h_ctx, self.h_bt)
+        )
         self.g_in[SLOT].fill_(-1)
-        self.g_bt = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=dev)
         self.staged = torch.cuda.Event() if pin else None
         self.g_cu: dict[int, torch.Tensor] = {}
         self.graph_bs = graph_batch_sizes(n)
@@ -305,7 +336,7 @@ class ModelRunner:
                 # Warm-up inputs that read only block 0 and write nothing: one context position
                 # a decode row, `size` positions for the prefill sequence.
                 self.g_in[POS].zero_()
-                self.g_in[CTX].fill_(1 if key[0] == "decode" else key[1])
+                self.g_ctx.fill_(1 if key[0] == "decode" else key[1])
                 if key[0] == "prefill":
                     self.g_in[POS, : key[1]] = torch.arange(key[1], device=dev)
                 fn = self._graph_fn(*key)
@@ -313,6 +344,15 @@ class ModelRunner:
                 g, self.graph_out[key] = self._capture(fn, pool)
                 pool = g.pool() if pool is None else pool
                 self.graphs[key] = g
+
+    def _views(self, buf: torch.Tensor, rows: int):
+        """The typed views of a staging byte buffer: int64 rows, int32 contexts, int32 tables."""
+        n = self.max_num_seqs
+        return (
+            buf[: self.ctx_at].view(torch.int64).view(4, rows),
+            buf[self.ctx_at : self.ctx_at + 4 * n].view(torch.int32),
+            buf[self.bt_at :].view(torch.int32).view(n, self.max_blocks),
+        )
 
     def _capture(self, fn, pool):
         """(graph, its output tensor) for fn, captured into the shared pool."""
@@ -341,13 +381,16 @@ class ModelRunner:
                 meta = AttentionMetadata(
                     g[SLOT, :size],
                     self.g_bt[:size],
-                    g[CTX, :size].to(torch.int32),
+                    self.g_ctx[:size],
                     is_decode=True,
                     max_context_len=self.max_model_len,
                 )
-                h = self.model(g[IDS, :size], g[POS, :size], self.kv_caches, meta)
+                last = self.g_last[:size]
+                ids = torch.where(g[FROM, :size] != 0, last, g[IDS, :size])
+                h = self.model(ids, g[POS, :size], self.kv_caches, meta)
                 logits = self.model.compute_logits(h)
-                return h, logits, logits.argmax(dim=-1)
+                torch.argmax(logits, dim=-1, out=last)  # the next step's PENDING ids, in place
+                return h, logits, last
 
             return run
         # Kept on self: a graph holds raw addresses, so its constant inputs must outlive it.
@@ -357,7 +400,7 @@ class ModelRunner:
             meta = AttentionMetadata(
                 g[SLOT, :size],
                 self.g_bt[:1],
-                g[CTX, :1].to(torch.int32),
+                self.g_ctx[:1],
                 is_decode=False,
                 cu_seqlens_q=cu,
                 max_q_len=size,
@@ -373,21 +416,25 @@ class ModelRunner:
         kind, size = key
         n = len(ids)
         if self.staged is not None:
-            self.staged.synchronize()  # the last upload from the pinned buffers has finished
-        h = self.h_in_np
+            self.staged.synchronize()  # the last upload from the pinned buffer has finished
+        h, c = self.h_in_np, self.h_ctx_np
         h[IDS, :n], h[POS, :n], h[SLOT, :n] = ids, positions, slots
         h[IDS, n:size], h[SLOT, n:size] = 0, -1  # padding writes no KV
         if kind == "decode":
-            h[POS, n:size], h[CTX, :n], h[CTX, n:size] = 0, ctx, 1
+            h[POS, n:size], h[FROM, :size], c[:n], c[n:size] = 0, 0, ctx, 1
             b = n
+            # The steady state reads g_last in the graph (it holds _last_tokens, see
+            # execute_async); any other pattern is filled below, before the graph rewrites it.
+            if pending is not None and self._in_order(pending) and self._last_in_place():
+                h[FROM, : len(pending[0])] = 1
+                pending = None
         else:  # padded queries follow the real ones; the sequence "has" size new tokens
             h[POS, n:size] = positions[-1]
-            h[CTX, 0] = int(ctx[0]) - n + size
+            c[0] = int(ctx[0]) - n + size
             b = 1
-        w = bt.shape[1]
-        self.h_bt_np[:b, :w] = bt
-        self.g_in.copy_(self.h_in, non_blocking=True)
-        self.g_bt[:b].copy_(self.h_bt[:b], non_blocking=True)
+        self.h_bt_np[:b, : bt.shape[1]] = bt
+        end = self.bt_at + 4 * b * self.max_blocks  # up to the last table row filled
+        self.g_stage[:end].copy_(self.h_stage[:end], non_blocking=True)
         if self.staged is not None:
             self.staged.record()
         self._fill_pending(self.g_in[IDS], pending)

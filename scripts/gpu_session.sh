@@ -21,7 +21,8 @@
 #   s10     tenth session: prompt-end cache tests on the GPU, then `targets`
 #   s12     twelfth session: the GEMVs' L2 prefetch (tests, step A/B, 8B decode; reverted since);
 #           s12t the GPU's idle time between decode steps; s12s SwiGLU in gate_up's epilogue;
-#           s12f the fused decode attention, the full GPU suite, 8B and 0.6B decode
+#           s12f the fused decode attention (reverted since), the GPU suite, 8B and 0.6B decode;
+#           s12z the last call: the touched GPU tests, 8B decode, the 0.6B targets
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -412,6 +413,21 @@ s12f)  # twelfth session: q/k norm + RoPE + the K/V store fused into decode atte
   timeout 80 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --kv-cache-memory 16GiB \
     --json "$OUT/b06f.json" 2>&1 | grep -E "\| kipp" | tail -2
+  ;;
+s12z)  # twelfth session's last call: the GPU tests that the runner's one upload and in-graph
+  # pending ids, the SwiGLU epilogue and the embedding kernel touch; 8B decode (bf16, q8_0,
+  # affine4); the 0.6B targets (decode, prefill, throughput, prefix cache)
+  step "GPU tests: backend, async scheduling, runner staging, conformance, quantized kernels"
+  timeout 230 python -m pytest -q -p no:cacheprovider -n 6 --timeout 220 -rf \
+    tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py \
+    tests/cuda/test_runner_staging.py tests/conformance tests/cuda/test_matmul_kernels.py \
+    -k "not mlx" 2>&1 | tee "$OUT/tests_s12z.log" | grep -E "passed|failed|FAIL|Error" | tail -12
+  decode8 b8z 75 "${PROMPT:-2048}"
+  step "0.6B targets"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
+    --json "$OUT/b06z.json" --markdown "$OUT/b06z.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
   ;;
 s12t)  # twelfth session: where the GPU idles between decode steps (engine steps with graphs on,
   # scripts/profile_decode.py --timeline), 8B q8_0 and 0.6B at batch 1, context 2048

@@ -6,14 +6,13 @@ fusing that kernel away could save at most.
   full      the model as it runs
   norm      no RMSNorm launches (input, post-attention, final)
   act       no separate SwiGLU launch (none is left at batch 1: the GEMVs fuse it)
-  attn      no q/k norm, RoPE, KV write or decode attention (one fused launch at decode)
-  qkv       no q/k norm + RoPE + KV write (a launch of its own only with
-            env:KIPP_CUDA_FUSED_DECODE=0)
+  attn      no decode attention (and no split merge)
+  qkv       no q/k norm + RoPE + KV write
   gemv      none of the four above: the GEMVs alone
   da:A=v;B=w   the full model with decode_attention's module settings A, B changed (for example
             da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step
   env:NAME=v   the graph captured with environment variable NAME set to v (for example
-            env:KIPP_CUDA_FUSED_DECODE=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
+            env:KIPP_CUDA_PDL=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
 python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
@@ -26,7 +25,6 @@ import os
 
 import torch
 
-import kipp_cuda.attention as attention_mod
 import kipp_cuda.kernels.decode_attention as decode_attention
 import kipp_cuda.layers as layers
 import kipp_cuda.model as model_mod
@@ -35,7 +33,7 @@ from kipp_core.backend import BackendOptions
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.tiny import random_checkpoint
 from kipp_cuda.backend import ShardBackend
-from kipp_cuda.runner import CTX, POS
+from kipp_cuda.runner import POS
 
 
 def _no_norm(x, w, eps, residual=None):
@@ -46,9 +44,8 @@ def _no_act(x):
     return x[:, : x.shape[1] // 2]
 
 
-def _no_attn(qkv, layer, kv, meta, positions, cos_sin):
-    d = layer.head_dim
-    return qkv[:, : layer.num_heads * d].view(qkv.shape[0], layer.num_heads, d)
+def _no_attn(q, kv, meta, scale):
+    return q
 
 
 def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
@@ -59,8 +56,8 @@ def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
 PATCHES = {
     "norm": [(tp_reduce, "rms_norm", _no_norm)],
     "act": [(layers, "silu_and_mul", _no_act)],
-    "attn": [(model_mod, "attend", _no_attn)],
-    "qkv": [(attention_mod, "store_qkv", _no_qkv)],
+    "attn": [(model_mod, "attention", _no_attn)],
+    "qkv": [(model_mod, "store_qkv", _no_qkv)],
 }
 PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
 
@@ -131,7 +128,7 @@ def main() -> None:
         opts = BackendOptions(kv_cache_memory="4GiB", max_num_seqs=1, max_model_len=4096, quant=q)
         shard = ShardBackend(Checkpoint(path), opts, device)
         runner = shard.runner
-        runner.g_in[CTX, 0], runner.g_in[POS, 0] = args.context, args.context - 1
+        runner.g_ctx[0], runner.g_in[POS, 0] = args.context, args.context - 1
         times = {}
         for v in args.variants.split(","):
             with patched(v):

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from kipp_core.backend import BackendOptions
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.tiny import random_checkpoint
-from kipp_cuda.runner import CTX, POS
+from kipp_cuda.runner import POS
 from kipp_cuda.tp_backend import SAFE_ENV, _free_port, _init
 
 
@@ -40,7 +40,7 @@ def _rank(rank, world, port, path, args, results):
     )
     shard = ShardBackend(Checkpoint(path), opts, device, rank, world)
     runner, model = shard.runner, shard.model
-    runner.g_in[CTX, 0], runner.g_in[POS, 0] = args.context, args.context - 1
+    runner.g_ctx[0], runner.g_in[POS, 0] = args.context, args.context - 1
     rows, ref, notes = [], None, [f"model's own mode: {model.tp.mode}"]
     for name in args.variants.split(","):
         if name == "peer" and not hasattr(model.tp, "recv"):
@@ -50,7 +50,7 @@ def _rank(rank, world, port, path, args, results):
         fn = runner._graph_fn("decode", 1)
         fn()
         dist.barrier()
-        g, (_, logits) = runner._capture(fn, None)  # the graph returns (hidden, logits)
+        g, (_, logits, _) = runner._capture(fn, None)  # (hidden, logits, argmax)
         for _ in range(5):
             g.replay()
         torch.cuda.synchronize(device)

@@ -1,0 +1,178 @@
+"""The graph runner's input staging on CPU, with the CUDA graphs stood in for by re-running what
+they captured: one staged byte buffer (int64 rows, int32 contexts, int32 block tables), and the
+steady state's PENDING ids taken by the decode graph itself from g_last, where the last step's
+samples always are. Async scheduling through these graphs must equal the eager runner's loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kipp_core.backend import PENDING
+from kipp_core.sampling import SamplingParams
+from tests.cuda.test_backend import _ReplayByCalling
+
+torch = pytest.importorskip("torch")
+
+P = SamplingParams
+GREEDY = P(temperature=0, max_tokens=3, ignore_eos=True)
+
+
+@pytest.fixture
+def staged(llm_factory, monkeypatch):
+    """staged(**kw) -> an LLM on the cuda backend whose runner has CPU stand-in graphs."""
+    from kipp_cuda.runner import ModelRunner
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the real graphs run (test_backend.test_gpu_graph_paths_equal_eager)")
+    monkeypatch.setattr(
+        ModelRunner,
+        "_capture",
+        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()),
+    )
+
+    def make(**kw):
+        llm = llm_factory("cuda", dtype="float32", block_size=8, **kw)
+        llm.engine.backend.runner.capture()
+        return llm
+
+    return make
+
+
+def _prompts(n: int) -> list[list[int]]:
+    return [[(29 * i + 13 * j) % 200 + 3 for j in range(6 + 5 * i)] for i in range(n)]
+
+
+def _spy_replays(runner):
+    """Record every graph replay: (kind, pending as _pending gave it, the FROM row it staged,
+    the PENDING fills it queued on the device)."""
+    from kipp_cuda.runner import FROM
+
+    seen = []
+    replay, fill = runner._replay, runner._fill_pending
+
+    def spy_replay(key, pending, *args):
+        seen.append({"key": key, "pending": pending, "fills": []})
+        out = replay(key, pending, *args)
+        seen[-1]["from"] = runner.h_in_np[FROM, : key[1]].copy()
+        return out
+
+    def spy_fill(ids, pending):
+        if pending is not None and seen:
+            seen[-1]["fills"].append(pending)
+        return fill(ids, pending)
+
+    runner._replay, runner._fill_pending = spy_replay, spy_fill
+    return seen
+
+
+def test_async_decode_graphs_equal_the_eager_loop(staged, llm_factory):
+    """Greedy rows of different lengths (one finishing shifts the rows) beside a seeded sampled
+    row: token for token the eager runner's synchronous loop; steady steps queue no fill."""
+    params = [
+        P(temperature=0, max_tokens=9, ignore_eos=True),
+        P(temperature=0, max_tokens=4, ignore_eos=True),  # finishes first: the rows shift
+        P(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True),
+        P(temperature=0, max_tokens=12, ignore_eos=True),
+    ]
+    prompts = _prompts(len(params))
+    eager = llm_factory("cuda", dtype="float32", block_size=8, async_scheduling=False)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    llm = staged()
+    runner = llm.engine.backend.runner
+    seen = _spy_replays(runner)
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    decodes = [r for r in seen if r["key"][0] == "decode" and r["pending"] is not None]
+    steady = [r for r in decodes if runner._in_order(r["pending"])]
+    other = [r for r in decodes if not runner._in_order(r["pending"])]
+    assert len(steady) >= 5 and other, "the batch never ran both kinds of pending steps"
+    for r in steady:  # the graph takes g_last's ids itself: nothing queued between
+        k = len(r["pending"][0])
+        assert r["fills"] == [] and r["from"][:k].all() and not r["from"][k:].any()
+    for r in other:  # filled before the replay, by index; the graph takes the staged ids
+        assert r["fills"] == [r["pending"]] and not r["from"].any()
+    assert runner._last_tokens is None or runner._last_in_place()
+
+
+def test_graphs_read_int32_contexts_from_one_upload_a_step(staged, monkeypatch):
+    """The decode graphs read the int32 context view of the staged buffer (no cast kernel), and
+    each replay uploads one prefix of the host buffer: up to the last block-table row it filled."""
+    llm = staged(max_num_seqs=4)
+    runner = llm.engine.backend.runner
+    metas, replays, uploads = [], [], []
+    model_forward, replay = runner.model.forward, runner._replay
+
+    def spy_forward(ids, positions, kv, meta):
+        metas.append(meta)
+        return model_forward(ids, positions, kv, meta)
+
+    def spy_replay(key, pending, ids, *args):
+        replays.append(len(ids) if key[0] == "decode" else 1)  # block-table rows it fills
+        return replay(key, pending, ids, *args)
+
+    copy = torch.Tensor.copy_
+    g_stage = runner.g_stage.untyped_storage().data_ptr()
+
+    def spy_copy(dst, src, *a, **kw):
+        if dst.untyped_storage().data_ptr() == g_stage:
+            uploads.append((dst.data_ptr() - runner.g_stage.data_ptr(), dst.nbytes, src.dtype))
+        return copy(dst, src, *a, **kw)
+
+    runner.model.forward, runner._replay = spy_forward, spy_replay
+    monkeypatch.setattr(torch.Tensor, "copy_", spy_copy)
+    out = llm.generate(_prompts(3), GREEDY)
+    monkeypatch.undo()
+    assert [len(o.token_ids) for o in out] == [3, 3, 3]
+    decode = [m for m in metas if m.is_decode]
+    assert decode and all(
+        m.context_lens.dtype == torch.int32
+        and m.context_lens.data_ptr() == runner.g_ctx.data_ptr()
+        and m.block_tables.data_ptr() == runner.g_bt.data_ptr()
+        for m in decode
+    )
+    # One copy a replay, of the bytes up to the end of the b-th block-table row (no device
+    # copy of the steady state's PENDING ids either: the graph takes them from g_last).
+    row = 4 * runner.max_blocks
+    assert uploads == [(0, runner.bt_at + b * row, torch.uint8) for b in replays]
+    assert 3 in replays
+
+
+def test_a_prompt_end_hit_beside_the_last_hits_pending_token(staged, llm_factory):
+    """A hit's sample comes from the head graph's own buffer; the next step's hit replays that
+    graph again before the first sequence's PENDING id is read. g_last keeps the first's."""
+    a, b = _prompts(3)[1:]
+    llm = staged()
+    if not llm.engine.backend.num_hidden_slots:
+        pytest.skip("no prompt-end hidden states")
+    eng = llm.engine
+    llm.generate([a, b], GREEDY)  # saves both prompts' last hidden states
+    runner = eng.backend.runner
+    seen = _spy_replays(runner)
+    inputs = []
+    execute_async = eng.backend.execute_async
+
+    def spy(batch):
+        inputs.append(batch)
+        return execute_async(batch)
+
+    eng.backend.execute_async = spy
+    eng.add_request("a", a, GREEDY)
+    eng.step()
+    eng.add_request("b", b, GREEDY)
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o.outputs[0].token_ids
+    both = [
+        x
+        for x in inputs
+        if any(s.cached_hidden is not None for s in x.seqs)
+        and any(PENDING in s.token_ids for s in x.seqs)
+    ]
+    assert both, "no step held a hit beside a PENDING decode"
+    assert any(r["key"][0] == "decode" and np.asarray(r["from"]).any() for r in seen)
+    ref = llm_factory("cuda", dtype="float32", block_size=8, enable_prefix_caching=False)
+    want = [o.token_ids for o in ref.generate([a, b], GREEDY)]
+    assert [done["a"], done["b"]] == want
