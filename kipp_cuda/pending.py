@@ -1,11 +1,13 @@
 """A queued step's samples on their way to the host: the step's outputs wait in PendingSamples
-until `result()`, and the sampled tokens travel through pinned buffers that are reused."""
+until `result()`, and the sampled tokens travel through pinned buffers that are reused. The next
+step's PENDING ids name those samples (pending_rows says which rows fill which ids)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from kipp_core.backend import SeqOutput
+from kipp_core.backend import PENDING, ModelInput, SeqOutput
 
 
 class PinnedRing:
@@ -57,3 +59,22 @@ class PendingSamples:
                 self.outs[i].token_ids = [t]
             self.host = None
         return self.outs
+
+
+def pending_rows(batch: ModelInput, ids: np.ndarray, q_lens: np.ndarray, last_rows: dict):
+    """(rows of ids that are PENDING, rows of the last step's samples that fill them), or None;
+    last_rows maps a seq_id to its row of those samples."""
+    dst = np.flatnonzero(ids == PENDING)
+    if not len(dst):
+        return None
+    seq_of = np.searchsorted(np.cumsum(q_lens), dst, side="right")
+    src = []
+    for i in seq_of.tolist():
+        row = last_rows.get(batch.seqs[i].seq_id)
+        if row is None:
+            raise RuntimeError(
+                f"seq {batch.seqs[i].seq_id} has a PENDING token but the "
+                f"last step sampled nothing for it"
+            )
+        src.append(row)
+    return dst.tolist(), src

@@ -19,20 +19,18 @@ import logging
 import numpy as np
 import torch
 
-from kipp_core.backend import PENDING, ModelInput, SeqOutput
+from kipp_core.backend import ModelInput, SeqOutput
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda import kv_cache
 from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.model import Qwen3Model
-from kipp_cuda.pending import PendingSamples, PinnedRing
+from kipp_cuda.pending import PendingSamples, PinnedRing, pending_rows
 from kipp_cuda.sampler import sample_tokens, token_logprobs
-from kipp_cuda.staging import upload
+from kipp_cuda.staging import FROM, IDS, POS, SLOT, GraphInputs, upload
 
 log = logging.getLogger("kipp")
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
-IDS, POS, SLOT, FROM = range(4)  # rows of the staged int64 inputs; FROM 1: take g_last's id
-_ALIGN = 128  # bytes: each staged section starts aligned (kernels specialize on alignment)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -107,7 +105,7 @@ class ModelRunner:
         """(hidden [T, hidden], None, None) for every new token of the batch, or (hidden, logits
         [B, V], their argmax [B]) from a decode graph, whose rows are the batch's tokens."""
         ids, positions, slots, bt, ctx, q_lens = self._prepare(batch)
-        pending = self._pending(batch, ids, q_lens)
+        pending = pending_rows(batch, ids, q_lens, self._last_rows)
         B, T = len(batch.seqs), len(ids)
         is_decode = bool((q_lens == 1).all())
         if is_decode and self.graph_bs and B <= self.graph_bs[-1]:
@@ -258,23 +256,6 @@ class ModelRunner:
     def _index(self, rows: list[int]) -> torch.Tensor:
         return upload(np.asarray(rows, dtype=np.int64), self.device)
 
-    def _pending(self, batch: ModelInput, ids: np.ndarray, q_lens: np.ndarray):
-        """(rows of ids that are PENDING, rows of the last samples that fill them), or None."""
-        dst = np.flatnonzero(ids == PENDING)
-        if not len(dst):
-            return None
-        seq_of = np.searchsorted(np.cumsum(q_lens), dst, side="right")
-        src = []
-        for i in seq_of.tolist():
-            row = self._last_rows.get(batch.seqs[i].seq_id)
-            if row is None:
-                raise RuntimeError(
-                    f"seq {batch.seqs[i].seq_id} has a PENDING token but the "
-                    f"last step sampled nothing for it"
-                )
-            src.append(row)
-        return dst.tolist(), src
-
     @staticmethod
     def _in_order(pending) -> bool:
         """The steady state: the last step's sampled sequences, in its order, pending first."""
@@ -303,22 +284,9 @@ class ModelRunner:
         dev, n = self.device, self.max_num_seqs
         self.prefill_tokens = [t for t in PREFILL_GRAPH_TOKENS if t <= self.max_model_len]
         rows = max(n, self.prefill_tokens[-1] if self.prefill_tokens else 1)
-        rows = -(-rows // 16) * 16  # so that every int64 row starts _ALIGN-aligned too
         pin = dev.type == "cuda"  # (CPU only in tests that stand in for the graphs)
-        # One byte buffer each side, uploaded as one prefix a step: the int64 rows [4, rows],
-        # the int32 context lengths [n], the int32 block tables [n, max_blocks].
-        self.ctx_at = 4 * rows * 8
-        self.bt_at = self.ctx_at + -(-4 * n // _ALIGN) * _ALIGN
-        size = self.bt_at + 4 * n * self.max_blocks
-        self.h_stage = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
-        self.g_stage = torch.zeros(size, dtype=torch.uint8, device=dev)
-        self.h_in, self.h_ctx, self.h_bt = self._views(self.h_stage, rows)
-        self.g_in, self.g_ctx, self.g_bt = self._views(self.g_stage, rows)
-        self.h_in_np, self.h_ctx_np, self.h_bt_np = (
-            t.numpy() for t in (self.h_in, self.h_ctx, self.h_bt)
-        )
-        self.g_in[SLOT].fill_(-1)
-        self.staged = torch.cuda.Event() if pin else None
+        self.inputs = GraphInputs(rows, n, self.max_blocks, dev)
+        self.g_in, self.g_ctx, self.g_bt = self.inputs.g_in, self.inputs.g_ctx, self.inputs.g_bt
         self.g_cu: dict[int, torch.Tensor] = {}
         self.graph_bs = graph_batch_sizes(n)
         pool = None
@@ -344,15 +312,6 @@ class ModelRunner:
                 g, self.graph_out[key] = self._capture(fn, pool)
                 pool = g.pool() if pool is None else pool
                 self.graphs[key] = g
-
-    def _views(self, buf: torch.Tensor, rows: int):
-        """The typed views of a staging byte buffer: int64 rows, int32 contexts, int32 tables."""
-        n = self.max_num_seqs
-        return (
-            buf[: self.ctx_at].view(torch.int64).view(4, rows),
-            buf[self.ctx_at : self.ctx_at + 4 * n].view(torch.int32),
-            buf[self.bt_at :].view(torch.int32).view(n, self.max_blocks),
-        )
 
     def _capture(self, fn, pool):
         """(graph, its output tensor) for fn, captured into the shared pool."""
@@ -415,9 +374,8 @@ class ModelRunner:
         _pending gives it), pad to the graph's size and replay it; returns its output buffer."""
         kind, size = key
         n = len(ids)
-        if self.staged is not None:
-            self.staged.synchronize()  # the last upload from the pinned buffer has finished
-        h, c = self.h_in_np, self.h_ctx_np
+        self.inputs.wait()
+        h, c = self.inputs.h_in_np, self.inputs.h_ctx_np
         h[IDS, :n], h[POS, :n], h[SLOT, :n] = ids, positions, slots
         h[IDS, n:size], h[SLOT, n:size] = 0, -1  # padding writes no KV
         if kind == "decode":
@@ -432,11 +390,8 @@ class ModelRunner:
             h[POS, n:size] = positions[-1]
             c[0] = int(ctx[0]) - n + size
             b = 1
-        self.h_bt_np[:b, : bt.shape[1]] = bt
-        end = self.bt_at + 4 * b * self.max_blocks  # up to the last table row filled
-        self.g_stage[:end].copy_(self.h_stage[:end], non_blocking=True)
-        if self.staged is not None:
-            self.staged.record()
+        self.inputs.h_bt_np[:b, : bt.shape[1]] = bt
+        self.inputs.upload(b)
         self._fill_pending(self.g_in[IDS], pending)
         self.graphs[key].replay()
         return self.graph_out[key]

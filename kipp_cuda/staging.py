@@ -4,6 +4,9 @@ A plain `torch.tensor(values, device="cuda")` copies from pageable memory and wa
 so every small upload in a step would wait for the step before it to finish. Going through pinned
 memory with `non_blocking=True` queues the copy instead (PyTorch's pinned allocator keeps the host
 buffer until the copy has run), which is what lets the engine queue step N+1 while step N runs.
+
+`GraphInputs` is the CUDA graphs' input staging: one pinned byte buffer and its device twin,
+uploaded as one prefix a step.
 """
 
 from __future__ import annotations
@@ -18,3 +21,48 @@ def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+IDS, POS, SLOT, FROM = range(4)  # rows of the staged int64 inputs; FROM 1: take g_last's id
+_ALIGN = 128  # bytes: each staged section starts aligned (kernels specialize on alignment)
+
+
+class GraphInputs:
+    """One pinned host byte buffer (h_*) and its device twin (g_*), viewed as the int64 rows
+    [4, rows] (IDS, POS, SLOT, FROM), the int32 context lengths [n] and the int32 block tables
+    [n, max_blocks]. The host writes the numpy views after `wait()`, then `upload(b)` sends
+    everything up to block-table row b in one copy."""
+
+    def __init__(self, rows: int, n: int, max_blocks: int, device: torch.device):
+        rows = -(-rows // 16) * 16  # so that every int64 row starts _ALIGN-aligned too
+        pin = device.type == "cuda"  # (CPU only in tests that stand in for the graphs)
+        ctx_at = 4 * rows * 8
+        self.bt_at = ctx_at + -(-4 * n // _ALIGN) * _ALIGN
+        self.row_bytes = 4 * max_blocks
+        size = self.bt_at + n * self.row_bytes
+        self.h_stage = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+        self.g_stage = torch.zeros(size, dtype=torch.uint8, device=device)
+
+        def views(buf):
+            return (
+                buf[:ctx_at].view(torch.int64).view(4, rows),
+                buf[ctx_at : ctx_at + 4 * n].view(torch.int32),
+                buf[self.bt_at :].view(torch.int32).view(n, max_blocks),
+            )
+
+        self.h_in_np, self.h_ctx_np, self.h_bt_np = (t.numpy() for t in views(self.h_stage))
+        self.g_in, self.g_ctx, self.g_bt = views(self.g_stage)
+        self.g_in[SLOT].fill_(-1)
+        self.staged = torch.cuda.Event() if pin else None
+
+    def wait(self) -> None:
+        """Block until the last upload has left the pinned buffer (it may then be rewritten)."""
+        if self.staged is not None:
+            self.staged.synchronize()
+
+    def upload(self, b: int) -> None:
+        """Queue the copy of the staged inputs up to the end of block-table row b."""
+        end = self.bt_at + b * self.row_bytes
+        self.g_stage[:end].copy_(self.h_stage[:end], non_blocking=True)
+        if self.staged is not None:
+            self.staged.record()

@@ -54,7 +54,7 @@ def _spy_replays(runner):
     def spy_replay(key, pending, *args):
         seen.append({"key": key, "pending": pending, "fills": []})
         out = replay(key, pending, *args)
-        seen[-1]["from"] = runner.h_in_np[FROM, : key[1]].copy()
+        seen[-1]["from"] = runner.inputs.h_in_np[FROM, : key[1]].copy()
         return out
 
     def spy_fill(ids, pending):
@@ -112,11 +112,12 @@ def test_graphs_read_int32_contexts_from_one_upload_a_step(staged, monkeypatch):
         return replay(key, pending, ids, *args)
 
     copy = torch.Tensor.copy_
-    g_stage = runner.g_stage.untyped_storage().data_ptr()
+    stage = runner.inputs.g_stage
+    g_stage = stage.untyped_storage().data_ptr()
 
     def spy_copy(dst, src, *a, **kw):
         if dst.untyped_storage().data_ptr() == g_stage:
-            uploads.append((dst.data_ptr() - runner.g_stage.data_ptr(), dst.nbytes, src.dtype))
+            uploads.append((dst.data_ptr() - stage.data_ptr(), dst.nbytes, src.dtype))
         return copy(dst, src, *a, **kw)
 
     runner.model.forward, runner._replay = spy_forward, spy_replay
@@ -134,7 +135,7 @@ def test_graphs_read_int32_contexts_from_one_upload_a_step(staged, monkeypatch):
     # One copy a replay, of the bytes up to the end of the b-th block-table row (no device
     # copy of the steady state's PENDING ids either: the graph takes them from g_last).
     row = 4 * runner.max_blocks
-    assert uploads == [(0, runner.bt_at + b * row, torch.uint8) for b in replays]
+    assert uploads == [(0, runner.inputs.bt_at + b * row, torch.uint8) for b in replays]
     assert 3 in replays
 
 
