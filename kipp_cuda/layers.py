@@ -9,7 +9,7 @@ from torch import nn
 from kipp_core.quant import check_scheme
 from kipp_cuda.kernels.affine_matmul import affine_matmul
 from kipp_cuda.kernels.dense_gemv import dense_gemv
-from kipp_cuda.kernels.embedding import affine_embedding, q8_0_embedding
+from kipp_cuda.kernels.embedding import affine_embedding, dense_embedding, q8_0_embedding
 from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
 from kipp_cuda.kernels.swiglu import silu_and_mul
 
@@ -93,13 +93,14 @@ def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module
     return AffineLinear(parts["weight"], parts["scales"], parts["biases"], bits, gs)
 
 
-def embed(table: nn.Module, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def embed(table: nn.Module, ids: torch.Tensor, dtype: torch.dtype, take_last=None) -> torch.Tensor:
     """Rows of an embedding stored as any of the linear kinds (tied heads share the table), in
-    dtype; a quantized table dequantizes in one launch (kernels/embedding.py)."""
+    dtype, in one launch (kernels/embedding.py); take_last=(flags, last) replaces ids[t] by
+    last[t] where flags[t] != 0 (a decode graph's PENDING ids)."""
     if isinstance(table, DenseLinear):
-        return torch.nn.functional.embedding(ids, table.weight).to(dtype)
+        return dense_embedding(ids, table.weight, dtype, take_last=take_last)
     if isinstance(table, Q8Linear):
-        return q8_0_embedding(ids, table.qs, table.scales, dtype)
+        return q8_0_embedding(ids, table.qs, table.scales, dtype, take_last=take_last)
     assert isinstance(table, AffineLinear)
     w = (table.wq, table.scales, table.biases, table.bits, table.group_size)
-    return affine_embedding(ids, *w, dtype)
+    return affine_embedding(ids, *w, dtype, take_last=take_last)

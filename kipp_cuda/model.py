@@ -84,10 +84,15 @@ class Qwen3Model(nn.Module):
         for layer in self.layers:
             layer.tp = self.tp
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """This rank's partial of the embedding (the first layer all-reduces it)."""
+    def embed(self, input_ids: torch.Tensor, take_last=None) -> torch.Tensor:
+        """This rank's partial of the embedding (the first layer all-reduces it); take_last as
+        layers.embed's."""
         if self.tp_size == 1:
-            return embed(self.embed_tokens, input_ids, self.dtype)
+            return embed(self.embed_tokens, input_ids, self.dtype, take_last)
+        if take_last is not None:
+            flags, last = take_last
+            n = input_ids.shape[0]
+            input_ids = torch.where(flags[:n] != 0, last[:n], input_ids)
         # Vocabulary-parallel: each rank holds rows [lo, lo + n); others contribute zeros.
         lo = self.tp_rank * self.vocab_per_rank
         local = input_ids - lo
@@ -96,11 +101,17 @@ class Qwen3Model(nn.Module):
         return x * inside[:, None].to(x.dtype)
 
     def forward(
-        self, input_ids, positions, kv_caches: list[LayerKV], meta: AttentionMetadata
+        self,
+        input_ids,
+        positions,
+        kv_caches: list[LayerKV],
+        meta: AttentionMetadata,
+        take_last=None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden]."""
+        """Final-normed hidden states [T, hidden]. take_last=(flags, last): token t is last[t]
+        where flags[t] != 0, else input_ids[t]."""
         self.tp.begin()
-        hidden = self.embed(input_ids)
+        hidden = self.embed(input_ids, take_last)
         residual = None
         for layer, kv in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv, meta, self.cos_sin)

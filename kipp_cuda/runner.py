@@ -345,8 +345,8 @@ class ModelRunner:
                     max_context_len=self.max_model_len,
                 )
                 last = self.g_last[:size]
-                ids = torch.where(g[FROM, :size] != 0, last, g[IDS, :size])
-                h = self.model(ids, g[POS, :size], self.kv_caches, meta)
+                ids, take_last = g[IDS, :size], (g[FROM, :size], last)
+                h = self.model(ids, g[POS, :size], self.kv_caches, meta, take_last)
                 logits = self.model.compute_logits(h)
                 torch.argmax(logits, dim=-1, out=last)  # the next step's PENDING ids, in place
                 return h, logits, last

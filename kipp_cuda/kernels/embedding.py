@@ -1,10 +1,15 @@
-"""Rows of a quantized embedding table, dequantized in one launch: out [T, K] in the model's dtype.
+"""Rows of an embedding table in one launch: out [T, K] in the model's dtype, from a dense table or
+a quantized one (dequantized in the kernel).
 
 The references (`*_embedding_ref`) gather the rows and dequantize them with the matmul files'
 fp32 dequantizers (q * d for q8_0; q * scale + bias for affine), then round once to the dtype:
 five to ten launches in a decode graph. The kernel does the same arithmetic in one, without FMA
 contraction (`enable_fp_fusion=False`), so that q * scale + bias rounds as the reference's separate
 product and sum do: the same bits.
+
+`take_last=(flags, last)`: row t looks up last[t] where flags[t] != 0, else ids[t]. A decode
+graph's steady state takes its PENDING ids from the last step's argmax this way, in the embedding
+launch itself (it was a compare and a select, two more launches, before it).
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.q8_0_matmul import dequantize_q8_0_ref
 
 BLOCK = 1024  # values of a row a program writes
+DENSE, Q8, AFFINE = range(3)  # table kinds
 
 
 @triton.jit
-def _quant_embedding_kernel(
+def _embedding_kernel(
     ids_ptr,
+    flags_ptr,
+    last_ptr,
     w_ptr,
     s_ptr,
     b_ptr,
@@ -33,45 +41,64 @@ def _quant_embedding_kernel(
     stride_s,
     stride_b,
     stride_o,
-    Q8: tl.constexpr,
+    KIND: tl.constexpr,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
+    TAKE_LAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # Program (token, column block). w: int8 [V, K] (Q8) or int32 words of 32 / BITS values.
+    # Program (token, column block). w: [V, K] in the model's dtype (DENSE), int8 [V, K] (Q8),
+    # or int32 words of 32 / BITS values (AFFINE).
     pdl_trigger(PDL)
     pdl_wait(PDL)  # the ids may come from the kernel before
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < K
     row = tl.load(ids_ptr + t).to(tl.int64)
-    scale = tl.load(s_ptr + row * stride_s + cols // GROUP, mask=mask, other=0).to(tl.float32)
-    if Q8:
-        q = tl.load(w_ptr + row * stride_w + cols, mask=mask, other=0).to(tl.float32)
-        val = q * scale
+    if TAKE_LAST:
+        row = tl.where(tl.load(flags_ptr + t) != 0, tl.load(last_ptr + t).to(tl.int64), row)
+    if KIND == 0:
+        val = tl.load(w_ptr + row * stride_w + cols, mask=mask, other=0)
     else:
-        PER: tl.constexpr = 32 // BITS
-        word = tl.load(w_ptr + row * stride_w + cols // PER, mask=mask, other=0)
-        q = (word >> ((cols % PER) * BITS)) & ((1 << BITS) - 1)  # (the mask drops sign bits)
-        bias = tl.load(b_ptr + row * stride_b + cols // GROUP, mask=mask, other=0)
-        val = q.to(tl.float32) * scale + bias.to(tl.float32)
+        scale = tl.load(s_ptr + row * stride_s + cols // GROUP, mask=mask, other=0)
+        if KIND == 1:
+            q = tl.load(w_ptr + row * stride_w + cols, mask=mask, other=0).to(tl.float32)
+            val = q * scale.to(tl.float32)
+        else:
+            PER: tl.constexpr = 32 // BITS
+            word = tl.load(w_ptr + row * stride_w + cols // PER, mask=mask, other=0)
+            q = (word >> ((cols % PER) * BITS)) & ((1 << BITS) - 1)  # (the mask drops sign bits)
+            bias = tl.load(b_ptr + row * stride_b + cols // GROUP, mask=mask, other=0)
+            val = q.to(tl.float32) * scale.to(tl.float32) + bias.to(tl.float32)
     tl.store(out_ptr + t * stride_o + cols, val.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_ids(ids: torch.Tensor) -> None:
+def _resolve(ids: torch.Tensor, take_last) -> torch.Tensor:
+    """Check ids (and take_last's flags and last, each [T] integer) and apply take_last."""
     if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ids must be an integer [T] tensor, got {ids.dtype} {tuple(ids.shape)}")
+    if take_last is None:
+        return ids
+    flags, last = take_last
+    for name, t in (("take_last flags", flags), ("take_last ids", last)):
+        if t.dim() != 1 or t.shape[0] < ids.shape[0] or t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be an integer [>= T] tensor, got {t.dtype} {t.shape}")
+    n = ids.shape[0]
+    return torch.where(flags[:n] != 0, last[:n].to(ids.dtype), ids)
 
 
-def _launch(ids, w, s, b, K, dtype, q8: bool, bits: int, group: int) -> torch.Tensor:
-    _check_ids(ids)
+def _launch(ids, w, s, b, K, dtype, kind: int, bits: int, group: int, take_last) -> torch.Tensor:
+    _resolve(ids[:0], take_last)  # checks only
     out = torch.empty((ids.shape[0], K), dtype=dtype, device=w.device)
     if ids.shape[0] == 0 or K == 0:
         return out
+    flags, last = take_last if take_last is not None else (ids, ids)
     pdl = launch_kwargs(w.device)
-    _quant_embedding_kernel[(ids.shape[0], triton.cdiv(K, BLOCK))](
+    _embedding_kernel[(ids.shape[0], triton.cdiv(K, BLOCK))](
         ids,
+        flags,
+        last,
         w,
         s,
         b,
@@ -81,10 +108,11 @@ def _launch(ids, w, s, b, K, dtype, q8: bool, bits: int, group: int) -> torch.Te
         s.stride(0),
         b.stride(0),
         out.stride(0),
-        Q8=q8,
+        KIND=kind,
         BITS=bits,
         GROUP=group,
         BLOCK=BLOCK,
+        TAKE_LAST=take_last is not None,
         PDL=bool(pdl),
         num_warps=4,
         enable_fp_fusion=False,
@@ -93,27 +121,46 @@ def _launch(ids, w, s, b, K, dtype, q8: bool, bits: int, group: int) -> torch.Te
     return out
 
 
-def _q8_0_embedding_op(ids, qs, d, dtype=torch.float32) -> torch.Tensor:
-    return _launch(ids, qs, d, d, qs.shape[1], dtype, True, 8, qs.shape[1] // d.shape[1])
+def _dense_embedding_op(ids, w, dtype=None, take_last=None) -> torch.Tensor:
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    return _launch(ids, w, w, w, w.shape[1], dtype or w.dtype, DENSE, 16, 1, take_last)
 
 
-def q8_0_embedding_ref(ids, qs, d, dtype=torch.float32) -> torch.Tensor:
+def dense_embedding_ref(ids, w, dtype=None, take_last=None) -> torch.Tensor:
+    """Rows `ids` [T] of a dense table w [V, K]: [T, K] in dtype (w's by default)."""
+    ids = _resolve(ids, take_last)
+    return torch.nn.functional.embedding(ids, w).to(dtype or w.dtype)
+
+
+def _q8_0_embedding_op(ids, qs, d, dtype=torch.float32, take_last=None) -> torch.Tensor:
+    group = qs.shape[1] // d.shape[1]
+    return _launch(ids, qs, d, d, qs.shape[1], dtype, Q8, 8, group, take_last)
+
+
+def q8_0_embedding_ref(ids, qs, d, dtype=torch.float32, take_last=None) -> torch.Tensor:
     """Rows `ids` [T] of a q8_0 table (qs int8 [V, K], d fp16 [V, K / 32]): [T, K] in dtype."""
-    _check_ids(ids)
+    ids = _resolve(ids, take_last)
     return dequantize_q8_0_ref(qs[ids], d[ids]).to(dtype)
 
 
-def _affine_embedding_op(ids, wq, scales, biases, bits, group_size, dtype=torch.float32):
+def _affine_embedding_op(
+    ids, wq, scales, biases, bits, group_size, dtype=torch.float32, take_last=None
+):
     K = wq.shape[1] * 32 // bits
-    return _launch(ids, wq.view(torch.int32), scales, biases, K, dtype, False, bits, group_size)
+    w = wq.view(torch.int32)
+    return _launch(ids, w, scales, biases, K, dtype, AFFINE, bits, group_size, take_last)
 
 
-def affine_embedding_ref(ids, wq, scales, biases, bits, group_size, dtype=torch.float32):
+def affine_embedding_ref(
+    ids, wq, scales, biases, bits, group_size, dtype=torch.float32, take_last=None
+):
     """Rows `ids` [T] of an affine table (wq int32 words, scales and biases [V, K / group_size]):
     [T, K] in dtype."""
-    _check_ids(ids)
+    ids = _resolve(ids, take_last)
     return dequantize_affine_ref(wq[ids], scales[ids], biases[ids], bits, group_size).to(dtype)
 
 
+dense_embedding = dispatch("dense_embedding", _dense_embedding_op, dense_embedding_ref)
 q8_0_embedding = dispatch("q8_0_embedding", _q8_0_embedding_op, q8_0_embedding_ref)
 affine_embedding = dispatch("affine_embedding", _affine_embedding_op, affine_embedding_ref)

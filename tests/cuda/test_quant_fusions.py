@@ -115,3 +115,31 @@ def test_quantized_embeddings_equal_their_references(dtype):
         want = emb.affine_embedding_ref(ids, wq, s, b, bits, 32, dtype)
         same(got, want)
         close(run(emb._affine_embedding_op, ids, wq, s, b, bits, 32), w64[ids.cpu()], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_embeddings_take_flagged_rows_from_last(dtype):
+    """take_last=(flags, last): row t is last[t] where flags[t] != 0, else ids[t] (a decode
+    graph's PENDING ids), for the dense and quantized kinds; hand-picked expected ids. A dense
+    table's rows are copied exactly."""
+    ids = torch.tensor([3, 9, 0, 4], device=DEV)
+    flags = torch.tensor([0, 1, 1, 0, 1], device=DEV)  # longer than ids: a graph's padded rows
+    last = torch.tensor([40, 12, 49, 41, 5], device=DEV)
+    rows = [3, 12, 49, 4]  # by hand
+    w = randn(50, 1100, dtype=dtype, seed=9)
+    got = run(emb._dense_embedding_op, ids, w, take_last=(flags, last))
+    assert got.dtype == dtype and torch.equal(got, w[rows])
+    assert torch.equal(emb.dense_embedding_ref(ids, w, take_last=(flags, last)), w[rows])
+    assert torch.equal(run(emb._dense_embedding_op, ids, w, torch.float32), w[ids].float())
+    qs, d, _ = q8_weights(50, 1120, seed=4)
+    want = emb.q8_0_embedding_ref(torch.tensor(rows, device=DEV), qs, d)
+    assert torch.equal(run(emb._q8_0_embedding_op, ids, qs, d, take_last=(flags, last)), want)
+    assert torch.equal(emb.q8_0_embedding_ref(ids, qs, d, take_last=(flags, last)), want)
+    wq, s, b, _ = affine_weights(50, 1120, 4, 32, seed=7, sdtype=torch.bfloat16)
+    want = emb.affine_embedding_ref(torch.tensor(rows, device=DEV), wq, s, b, 4, 32)
+    got = run(emb._affine_embedding_op, ids, wq, s, b, 4, 32, take_last=(flags, last))
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="take_last flags"):
+        emb.dense_embedding(ids, w, take_last=(flags[:2], last))
+    with pytest.raises(ValueError, match="take_last ids"):
+        emb.q8_0_embedding(ids, qs, d, take_last=(flags, last.float()))

@@ -103,9 +103,9 @@ def test_graphs_read_int32_contexts_from_one_upload_a_step(staged, monkeypatch):
     metas, replays, uploads = [], [], []
     model_forward, replay = runner.model.forward, runner._replay
 
-    def spy_forward(ids, positions, kv, meta):
+    def spy_forward(ids, positions, kv, meta, *rest):
         metas.append(meta)
-        return model_forward(ids, positions, kv, meta)
+        return model_forward(ids, positions, kv, meta, *rest)
 
     def spy_replay(key, pending, ids, *args):
         replays.append(len(ids) if key[0] == "decode" else 1)  # block-table rows it fills
