@@ -23,6 +23,8 @@
 #           s12t the GPU's idle time between decode steps; s12s SwiGLU in gate_up's epilogue;
 #           s12f the fused decode attention (reverted since), the GPU suite, 8B and 0.6B decode;
 #           s12z the last call: the touched GPU tests, 8B decode, the 0.6B targets
+#   s13a    thirteenth session: embedding take_last tests, what the copies around a decode graph
+#           cost (step_overhead.py, 8B q8_0 and affine4), the engine's timeline, 8B decode
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -413,6 +415,20 @@ s12f)  # twelfth session: q/k norm + RoPE + the K/V store fused into decode atte
   timeout 80 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --kv-cache-memory 16GiB \
     --json "$OUT/b06f.json" 2>&1 | grep -E "\| kipp" | tail -2
+  ;;
+s13a)  # thirteenth session, first call: see the header
+  step "GPU tests: embeddings, runner staging"
+  timeout 100 python -m pytest -q -p no:cacheprovider -rf tests/cuda/test_quant_fusions.py \
+    tests/cuda/test_runner_staging.py 2>&1 | tail -3
+  for q in q8_0 affine4; do
+    step "step overhead 8B $q"
+    timeout 150 python scripts/step_overhead.py --shape qwen3-8b --quant $q 2>&1 \
+      | tee "$OUT/overhead_$q.log" | grep -vE "Warning|warn" | tail -14
+  done
+  step "decode timeline 8B q8_0"
+  timeout 120 python scripts/profile_decode.py --shape qwen3-8b --quant q8_0 --steps 64 \
+    --timeline --kv-cache-memory 16GiB 2>&1 | tee "$OUT/timeline.log" | grep -vE "Warn|warn" | tail -14
+  QUANTS="q8_0 affine4" decode8 b8a 75
   ;;
 s12z)  # twelfth session's last call: the GPU tests that the runner's one upload and in-graph
   # pending ids, the SwiGLU epilogue and the embedding kernel touch; 8B decode (bf16, q8_0,

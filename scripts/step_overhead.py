@@ -56,7 +56,7 @@ def main() -> None:
         max_num_seqs=8,
     )
     eng, runner = llm.engine, llm.backend.runner
-    sp = SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=30_000, ignore_eos=True)
     eng.add_request("r", [1000 + j % 5000 for j in range(args.context)], sp)
     for _ in range(8):
         eng.step()

@@ -74,22 +74,29 @@ def _embedding_kernel(
     tl.store(out_ptr + t * stride_o + cols, val.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _resolve(ids: torch.Tensor, take_last) -> torch.Tensor:
-    """Check ids (and take_last's flags and last, each [T] integer) and apply take_last."""
+def _check(ids: torch.Tensor, take_last) -> None:
+    """ids [T] integer; take_last's flags and last integer, at least T long."""
     if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ids must be an integer [T] tensor, got {ids.dtype} {tuple(ids.shape)}")
+    for name, t in (
+        () if take_last is None else zip(("take_last flags", "take_last ids"), take_last)
+    ):
+        if t.dim() != 1 or t.shape[0] < ids.shape[0] or t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be an integer [>= T] tensor, got {t.dtype} {t.shape}")
+
+
+def _resolve(ids: torch.Tensor, take_last) -> torch.Tensor:
+    """ids with take_last applied (the references' way)."""
+    _check(ids, take_last)
     if take_last is None:
         return ids
     flags, last = take_last
-    for name, t in (("take_last flags", flags), ("take_last ids", last)):
-        if t.dim() != 1 or t.shape[0] < ids.shape[0] or t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be an integer [>= T] tensor, got {t.dtype} {t.shape}")
     n = ids.shape[0]
     return torch.where(flags[:n] != 0, last[:n].to(ids.dtype), ids)
 
 
 def _launch(ids, w, s, b, K, dtype, kind: int, bits: int, group: int, take_last) -> torch.Tensor:
-    _resolve(ids[:0], take_last)  # checks only
+    _check(ids, take_last)
     out = torch.empty((ids.shape[0], K), dtype=dtype, device=w.device)
     if ids.shape[0] == 0 or K == 0:
         return out
