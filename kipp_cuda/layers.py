@@ -10,6 +10,7 @@ from kipp_core.quant import check_scheme
 from kipp_cuda.kernels.affine_matmul import affine_matmul
 from kipp_cuda.kernels.dense_gemv import dense_gemv
 from kipp_cuda.kernels.embedding import affine_embedding, dense_embedding, q8_0_embedding
+from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
 from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
 from kipp_cuda.kernels.swiglu import silu_and_mul
 
@@ -23,11 +24,21 @@ class DenseLinear(nn.Module):
     def out_features(self) -> int:
         return self.weight.shape[0]
 
-    def forward(self, x: torch.Tensor, act: bool = False) -> torch.Tensor:
-        """x [T, in], or with act=True a gate_up output [T, 2 in] taken through SwiGLU first."""
+    def forward(
+        self, x: torch.Tensor, act: bool = False, head_keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [T, in], or with act=True a gate_up output [T, 2 in] taken through SwiGLU first.
+        head_keys (T = 1, the vocabulary head; kernels/head_argmax.py): fp32 logits, and the
+        running argmax key in head_keys[0] for finish_argmax."""
+        check_head(head_keys, x.shape[0], act)
         if x.shape[0] == 1 and x.is_cuda:  # decode: a streaming GEMV beats cuBLAS at M = 1
-            return dense_gemv(x, self.weight, act)  # SwiGLU fused into the GEMV's input
-        return torch.nn.functional.linear(silu_and_mul(x) if act else x, self.weight)
+            # SwiGLU fused into the GEMV's input; head mode into its epilogue
+            return dense_gemv(x, self.weight, act, head_keys=head_keys)
+        out = torch.nn.functional.linear(silu_and_mul(x) if act else x, self.weight)
+        if head_keys is not None:
+            out = out.float()
+            pack_argmax_ref(out, head_keys)
+        return out
 
 
 class Q8Linear(nn.Module):
@@ -40,11 +51,18 @@ class Q8Linear(nn.Module):
     def out_features(self) -> int:
         return self.qs.shape[0]
 
-    def forward(self, x: torch.Tensor, act: bool = False, swiglu: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        act: bool = False,
+        swiglu: bool = False,
+        head_keys: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """act: x is a gate_up output taken through SwiGLU first; swiglu: this is gate_up and
-        returns SwiGLU of its output (swiglu_mlp)."""
+        returns SwiGLU of its output (swiglu_mlp); head_keys as DenseLinear's."""
+        check_head(head_keys, x.shape[0], act or swiglu)
         x = silu_and_mul(x) if act else x
-        return q8_0_matmul(x, self.qs, self.scales, swiglu=swiglu)
+        return q8_0_matmul(x, self.qs, self.scales, swiglu=swiglu, head_keys=head_keys)
 
 
 class AffineLinear(nn.Module):
@@ -66,11 +84,18 @@ class AffineLinear(nn.Module):
     def out_features(self) -> int:
         return self.wq.shape[0]
 
-    def forward(self, x: torch.Tensor, act: bool = False, swiglu: bool = False) -> torch.Tensor:
-        """act and swiglu as Q8Linear's."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        act: bool = False,
+        swiglu: bool = False,
+        head_keys: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """act, swiglu and head_keys as Q8Linear's."""
+        check_head(head_keys, x.shape[0], act or swiglu)
         x = silu_and_mul(x) if act else x
         w = (self.wq, self.scales, self.biases, self.bits, self.group_size)
-        return affine_matmul(x, *w, swiglu=swiglu)
+        return affine_matmul(x, *w, swiglu=swiglu, head_keys=head_keys)
 
 
 def swiglu_mlp(gate_up: nn.Module, down: nn.Module, h: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from torch import nn
 
 from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
+from kipp_cuda.kernels.head_argmax import finish_argmax, new_argmax_keys
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
 from kipp_cuda.layers import embed, swiglu_mlp
 from kipp_cuda.tp_reduce import TPReduce
@@ -80,6 +81,8 @@ class Qwen3Model(nn.Module):
             rope_cos_sin_cache(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, dev),
         )
         # every layer's two norms and the final one: 2 L + 1 call sites a forward
+        # the head GEMV's running argmax key (compute_logits); not state: persistent=False
+        self.register_buffer("head_keys", new_argmax_keys(1, dev), persistent=False)
         self.tp = TPReduce(tp_rank, tp_size, 2 * len(layers) + 1, cfg.hidden_size, dtype, dev)
         for layer in self.layers:
             layer.tp = self.tp
@@ -118,8 +121,23 @@ class Qwen3Model(nn.Module):
         h, _ = self.tp.reduce_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [R, vocab] of the given hidden rows."""
+    def compute_logits(self, hidden: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits [R, vocab] of the given hidden rows; with top (int64, >= R long), their
+        argmax is written into top[:R] too. One row on one rank takes the head GEMV's epilogue:
+        fp32 logits and the argmax without the cast, memset and reduce launches after it
+        (kernels/head_argmax.py)."""
+        R = hidden.shape[0]
+        if top is not None and R == 1 and self.tp_size == 1:
+            if self.lm_head.out_features == self.config.vocab_size:
+                logits = self.lm_head(hidden, head_keys=self.head_keys)
+                finish_argmax(self.head_keys, top[:1])
+                return logits
+        logits = self._logits(hidden)
+        if top is not None:
+            torch.argmax(logits, dim=-1, out=top[:R])
+        return logits
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]

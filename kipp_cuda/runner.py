@@ -347,8 +347,7 @@ class ModelRunner:
                 last = self.g_last[:size]
                 ids, take_last = g[IDS, :size], (g[FROM, :size], last)
                 h = self.model(ids, g[POS, :size], self.kv_caches, meta, take_last)
-                logits = self.model.compute_logits(h)
-                torch.argmax(logits, dim=-1, out=last)  # the next step's PENDING ids, in place
+                logits = self.model.compute_logits(h, top=last)  # the next PENDING ids, in place
                 return h, logits, last
 
             return run

@@ -25,6 +25,12 @@
 #           s12z the last call: the touched GPU tests, 8B decode, the 0.6B targets
 #   s13a    thirteenth session: embedding take_last tests, what the copies around a decode graph
 #           cost (step_overhead.py, 8B q8_0 and affine4), the engine's timeline, 8B decode
+#   s13b    the head GEMV's argmax epilogue: its GPU tests, step overhead, 8B decode A/B against
+#           the tree in ab_old/ (an untracked `git archive` of the commit before; same machine)
+#   s13c    the GPU tests the thirteenth session touches (conformance included); decode attention
+#           settings A/B in the 8B q8_0 decode step (step_ablation.py da: variants)
+#   s13d    the last call: more attention settings in the step (on MIN_TILES_PER_SPLIT=1), the
+#           attention and head GPU tests, 8B decode (bf16, q8_0, affine4), the 0.6B targets
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -429,6 +435,49 @@ s13a)  # thirteenth session, first call: see the header
   timeout 120 python scripts/profile_decode.py --shape qwen3-8b --quant q8_0 --steps 64 \
     --timeline --kv-cache-memory 16GiB 2>&1 | tee "$OUT/timeline.log" | grep -vE "Warn|warn" | tail -14
   QUANTS="q8_0 affine4" decode8 b8a 75
+  ;;
+s13b)  # thirteenth session, second call: see the header
+  step "GPU tests: head argmax, quantized fusions, runner staging, graphs"
+  timeout 150 python -m pytest -q -p no:cacheprovider -n 6 -rf tests/cuda/test_head_argmax.py \
+    tests/cuda/test_quant_fusions.py tests/cuda/test_runner_staging.py \
+    tests/cuda/test_matmul_kernels.py -k "not mlx" 2>&1 | tail -4
+  step "step overhead 8B q8_0"
+  timeout 100 python scripts/step_overhead.py --shape qwen3-8b --quant q8_0 2>&1 \
+    | tee "$OUT/overhead_q8_0.log" | grep -vE "Warning|warn" | tail -12
+  for round in 1 2; do
+    [ -d ab_old ] && (cd ab_old && PYTHONPATH=$PWD QUANTS="q8_0 affine4" decode8 "old$round" 60)
+    QUANTS="q8_0 affine4" decode8 "new$round" 60
+  done
+  ;;
+s13c)  # thirteenth session, third call: see the header
+  step "GPU tests: head argmax, backend, async scheduling, staging, conformance"
+  timeout 260 python -m pytest -q -p no:cacheprovider -n 6 --timeout 250 -rf \
+    tests/cuda/test_head_argmax.py tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py \
+    tests/cuda/test_runner_staging.py tests/cuda/test_quant_fusions.py tests/conformance \
+    -k "not mlx" 2>&1 | tee "$OUT/tests_s13c.log" | grep -E "passed|failed|FAIL|Error" | tail -12
+  step "decode attention settings in the 8B q8_0 step"
+  v="full,attn,norm,qkv,da:MIN_TILES_PER_SPLIT=1,da:MIN_TILES_PER_SPLIT=3,da:PROGRAMS_PER_SM=1"
+  v="$v,da:PROGRAMS_PER_SM=3,da:NUM_STAGES=1,da:NUM_STAGES=3,da:NUM_WARPS_SPLIT=8,da:BLOCK_N=32"
+  v="$v,da:BLOCK_N=32;MIN_TILES_PER_SPLIT=4,da:BLOCK_N=128;MIN_TILES_PER_SPLIT=1,full"
+  timeout 280 python scripts/step_ablation.py --quants q8_0 --variants "$v" 2>&1 \
+    | tee "$OUT/ablation_s13c.log" | grep -vE "Warn|warn" | tail -6
+  ;;
+s13d)  # thirteenth session, last call: see the header
+  v="full,da:BLOCK_N=32;PROGRAMS_PER_SM=4,da:BLOCK_N=32;PROGRAMS_PER_SM=3,da:NUM_WARPS_SPLIT=2"
+  v="$v,da:PREFETCH_KV=0,full"
+  step "decode attention settings in the 8B q8_0 step"
+  timeout 150 python scripts/step_ablation.py --quants q8_0 --variants "$v" 2>&1 \
+    | tee "$OUT/ablation_s13d.log" | grep -vE "Warn|warn" | tail -3
+  step "GPU tests: attention kernels, head argmax"
+  timeout 150 python -m pytest -q -p no:cacheprovider -n 6 --timeout 140 -rf \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_attention_kernels.py \
+    tests/cuda/test_head_argmax.py 2>&1 | tee "$OUT/tests_s13d.log" | grep -E "passed|failed|FAIL|Error" | tail -8
+  decode8 b8d 75
+  step "0.6B targets"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
+    --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
   ;;
 s12z)  # twelfth session's last call: the GPU tests that the runner's one upload and in-graph
   # pending ids, the SwiGLU epilogue and the embedding kernel touch; 8B decode (bf16, q8_0,

@@ -23,7 +23,9 @@ from kipp_cuda.kernels.bits import (
     quant_x16,
     sum8,
 )
+from kipp_cuda.kernels.head_argmax import check_head, head_out
 from kipp_cuda.kernels.matmul_tiles import (
+    _TL,
     gemv_launch,
     gemv_rows,
     interpreting,
@@ -57,6 +59,7 @@ def _affine_gemv_kernel(
     out_ptr,
     part_ptr,
     lock_ptr,
+    key_ptr,
     N,
     num_groups,
     groups_per_split,
@@ -73,6 +76,8 @@ def _affine_gemv_kernel(
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
     SWIGLU: tl.constexpr,
+    HEAD: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -132,7 +137,10 @@ def _affine_gemv_kernel(
             )
         if PREFETCH:
             w, s, b = nw, ns, nb
-    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU)
+    store_row(
+        acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
+        HEAD, key_ptr, ROUND,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -218,12 +226,17 @@ def affine_gemv(
     out: torch.Tensor | None = None,
     asm: bool | None = None,
     swiglu: bool = False,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
-    wq holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows)."""
+    wq holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows).
+    head_keys: fp32 logits and the running argmax key, as q8_0_gemv's."""
     N, K = wq.shape[0], x.shape[1]
-    if out is None:
+    check_head(head_keys, x.shape[0], swiglu)
+    if head_keys is not None:
+        out = head_out(out, N, x)
+    elif out is None:
         out = torch.empty((1, N // 2 if swiglu else N), dtype=x.dtype, device=x.device)
     num_groups = K // group_size
     cfg = swiglu_config(config or gemv_config(N, num_groups, group_size, x.device, bits), swiglu)
@@ -240,6 +253,7 @@ def affine_gemv(
         out,
         part,
         locks,
+        head_keys,
         N,
         num_groups,
         per_split,
@@ -254,6 +268,8 @@ def affine_gemv(
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
         SWIGLU=swiglu,
+        HEAD=head_keys is not None,
+        ROUND=_TL[x.dtype] if head_keys is not None else None,
         **launch_options(cfg, x.dtype),
         **pdl,
     )

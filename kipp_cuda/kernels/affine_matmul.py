@@ -16,6 +16,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.affine_gemv import affine_gemv
+from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
 from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     split_k_buffers,
@@ -193,10 +194,12 @@ def _affine_matmul_op(
     bits: int,
     group_size: int,
     swiglu: bool = False,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [T, K] @ dequant(wq, scales, biases)^T -> [T, N]; swiglu as q8_0_matmul (SwiGLU of gate
-    and up rows, in the one-token GEMV's epilogue)."""
+    """x [T, K] @ dequant(wq, scales, biases)^T -> [T, N]; swiglu and head_keys as q8_0_matmul's
+    (SwiGLU of gate and up rows, or fp32 logits and an argmax key, in the GEMV's epilogue)."""
     _check(x, wq, scales, biases, bits, group_size, swiglu)
+    check_head(head_keys, x.shape[0], swiglu)
     if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
         raise ValueError("affine_matmul needs every operand's last dimension contiguous")
     if wq.dtype == torch.uint32:
@@ -204,8 +207,13 @@ def _affine_matmul_op(
     T, K = x.shape
     N = wq.shape[0]
     if 0 < T <= GEMV_MAX_T and N and K:
-        return affine_gemv(x, wq, scales, biases, bits, group_size, swiglu=swiglu)
+        return affine_gemv(
+            x, wq, scales, biases, bits, group_size, swiglu=swiglu, head_keys=head_keys
+        )
     out = _affine_product(x, wq, scales, biases, bits, group_size)
+    if head_keys is not None:  # (N or K = 0)
+        out = out.float()
+        pack_argmax_ref(out, head_keys)
     return silu_and_mul(out) if swiglu else out
 
 
@@ -268,11 +276,22 @@ def dequantize_affine_ref(wq, scales, biases, bits: int, group_size: int) -> tor
 
 
 def affine_matmul_ref(
-    x, wq, scales, biases, bits: int, group_size: int, swiglu: bool = False
+    x,
+    wq,
+    scales,
+    biases,
+    bits: int,
+    group_size: int,
+    swiglu: bool = False,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _check(x, wq, scales, biases, bits, group_size, swiglu)
+    check_head(head_keys, x.shape[0], swiglu)
     w = dequantize_affine_ref(wq, scales, biases, bits, group_size)
     out = (x.float() @ w.T).to(x.dtype)
+    if head_keys is not None:
+        out = out.float()
+        pack_argmax_ref(out, head_keys)
     return silu_and_mul_ref(out) if swiglu else out
 
 

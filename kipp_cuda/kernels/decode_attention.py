@@ -35,7 +35,10 @@ from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
-MIN_TILES_PER_SPLIT = 2  # a split reads at least 128 positions (H200 sweep: 2k and 8k contexts)
+MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile. In the 8B q8_0 batch-1 decode step at
+# 2.1k context, 1 took 0.022 ms off a step against 2 (33 one-tile splits a kv head against 17 of
+# two), 3 added 0.047 (scripts/step_ablation.py, BENCHMARKS.md thirteenth session); the isolated
+# sweep had preferred 2
 MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
 # splits still cost a launch slot and a merge read, so more is slower (scripts/attention_sweep.py)

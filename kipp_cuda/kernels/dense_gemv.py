@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.matmul_tiles import gemv_launch, interpreting, num_sms, store_row
+from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
+from kipp_cuda.kernels.matmul_tiles import _TL, gemv_launch, interpreting, num_sms, store_row
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -39,6 +40,7 @@ def _dense_gemv_kernel(
     out_ptr,
     part_ptr,
     lock_ptr,
+    key_ptr,
     N,
     K,
     k_per_split,
@@ -48,6 +50,8 @@ def _dense_gemv_kernel(
     SPLIT_K: tl.constexpr,
     ACT: tl.constexpr,
     PDL: tl.constexpr,
+    HEAD: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
     pdl_trigger(PDL)
@@ -70,7 +74,10 @@ def _dense_gemv_kernel(
         x = _gemv_x(x_ptr, rk, rk < k_end, K, ACT)
         acc += w.to(tl.float32) * x[None, :]
         w = nw
-    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K)
+    store_row(
+        acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K, False,
+        HEAD, key_ptr, ROUND,
+    )  # fmt: skip
 
 
 def gemv_config(N: int, K: int, device: torch.device) -> dict:
@@ -96,9 +103,16 @@ def gemv_config(N: int, K: int, device: torch.device) -> dict:
 
 
 def _dense_gemv_op(
-    x: torch.Tensor, w: torch.Tensor, act: bool = False, config: dict | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    act: bool = False,
+    config: dict | None = None,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [1, K] (or [1, 2K] gate_up with act=True), w [N, K] -> [1, N] in x.dtype."""
+    """x [1, K] (or [1, 2K] gate_up with act=True), w [N, K] -> [1, N] in x.dtype. head_keys
+    (head_argmax.py; not with act): fp32 [1, N], the bits of the plain call's .float(), and
+    head_keys[0] takes the running argmax key (finish_argmax reads it)."""
+    check_head(head_keys, x.shape[0] if x.dim() == 2 else -1, act)
     K = w.shape[1] if w.dim() == 2 else -1
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != (2 * K if act else K):
         raise ValueError(
@@ -109,7 +123,8 @@ def _dense_gemv_op(
         raise ValueError("dense_gemv needs w with a contiguous K dimension")
     N = w.shape[0]
     x = x.contiguous()
-    out = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    head = head_keys is not None
+    out = torch.empty((1, N), dtype=torch.float32 if head else x.dtype, device=x.device)
     if N == 0:
         return out
     cfg = config or gemv_config(N, K, x.device)
@@ -121,6 +136,7 @@ def _dense_gemv_op(
         out,
         part,
         locks,
+        head_keys,
         N,
         K,
         per_split,
@@ -130,6 +146,8 @@ def _dense_gemv_op(
         SPLIT_K=cfg["SPLIT_K"],
         ACT=act,
         PDL=bool(pdl),
+        HEAD=head,
+        ROUND=_TL[x.dtype] if head else None,
         num_warps=cfg["num_warps"],
         num_stages=1,
         **pdl,
@@ -138,13 +156,22 @@ def _dense_gemv_op(
 
 
 def dense_gemv_ref(
-    x: torch.Tensor, w: torch.Tensor, act: bool = False, config: dict | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    act: bool = False,
+    config: dict | None = None,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    check_head(head_keys, x.shape[0] if x.dim() == 2 else -1, act)
     if act:
         from kipp_cuda.kernels.swiglu import silu_and_mul_ref
 
         x = silu_and_mul_ref(x)
-    return torch.nn.functional.linear(x, w)
+    out = torch.nn.functional.linear(x, w)
+    if head_keys is not None:
+        out = out.float()
+        pack_argmax_ref(out, head_keys)
+    return out
 
 
 dense_gemv = dispatch("dense_gemv", _dense_gemv_op, dense_gemv_ref)

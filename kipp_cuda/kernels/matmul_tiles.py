@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kipp_cuda.kernels.head_argmax import max_keys
+
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -30,12 +32,17 @@ def store_tile(
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
     SWIGLU: tl.constexpr = False,
+    HEAD: tl.constexpr = False,
+    key_ptr=None,
+    ROUND: tl.constexpr = None,
 ):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile of out (rows rm, columns rn). With SPLIT_K > 1 each
     split stores its partial; the last to arrive sums all SPLIT_K in order and writes out. SWIGLU
-    (one row): the tile is BLOCK_N / 2 gate sums then their up sums, written as SwiGLU (_write)."""
+    (one row): the tile is BLOCK_N / 2 gate sums then their up sums, written as SwiGLU (_write).
+    HEAD (head_argmax.py): out is fp32, the sums are rounded through ROUND (x's dtype) and each
+    row's best packed key is atomic_max'ed into key_ptr[row], once a tile."""
     if SPLIT_K == 1:
-        _write(acc, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU)
+        _write(acc, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU, HEAD, key_ptr, ROUND)
     else:
         # part: [num_tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32; lock: one zeroed int32 per tile.
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -48,12 +55,25 @@ def store_tile(
             for s in tl.static_range(SPLIT_K):
                 # .cg: read through L2; this SM's L1 may hold a stale copy from an earlier call.
                 total += tl.load(tile_part + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-            _write(total, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU)
+            _write(total, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU, HEAD, key_ptr, ROUND)
             tl.atomic_xchg(lock_ptr + tile, 0)  # re-armed for the next call
 
 
 @triton.jit
-def _write(tile, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+def _write(
+    tile,
+    out_ptr,
+    rm,
+    rn,
+    T,
+    N,
+    stride_ot,
+    BLOCK_N: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    HEAD: tl.constexpr,
+    key_ptr,
+    ROUND: tl.constexpr,
+):
     dtype = out_ptr.dtype.element_ty
     if SWIGLU:
         # [1, BLOCK_N] -> (gate, up) [BLOCK_N / 2] each, both at output columns rn's halves;
@@ -67,7 +87,12 @@ def _write(tile, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N: tl.constexpr, SWIGLU
     else:
         mask = (rm < T)[:, None] & (rn < N)[None, :]
         out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
-        tl.store(out_ptrs, tile.to(dtype), mask=mask)
+        if HEAD:  # fp32 out holding the bits of the dtype's output .float(); a key a row
+            vals = tile.to(ROUND).to(tl.float32)
+            tl.store(out_ptrs, vals, mask=mask)
+            tl.atomic_max(key_ptr + rm, max_keys(vals, rn, N), mask=rm < T, sem="relaxed")
+        else:
+            tl.store(out_ptrs, tile.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -83,13 +108,17 @@ def store_row(
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
     SWIGLU: tl.constexpr = False,
+    HEAD: tl.constexpr = False,
+    key_ptr=None,
+    ROUND: tl.constexpr = None,
 ):
     """A one-token GEMV's [BLOCK_N, K step] fp32 products summed over K into out's row block rn
-    (store_tile's split-K protocol with one row; SWIGLU as there, rn and N from tile_rows)."""
+    (store_tile's split-K protocol with one row; SWIGLU and HEAD as there, rn and N from
+    tile_rows)."""
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(
         out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k, 1,
-        BLOCK_N, SPLIT_K, SWIGLU,
+        BLOCK_N, SPLIT_K, SWIGLU, HEAD, key_ptr, ROUND,
     )  # fmt: skip
 
 

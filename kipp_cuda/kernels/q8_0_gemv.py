@@ -29,7 +29,9 @@ from kipp_cuda.kernels.bits import (
     quant_x16,
     sum8,
 )
+from kipp_cuda.kernels.head_argmax import check_head, head_out
 from kipp_cuda.kernels.matmul_tiles import (
+    _TL,
     gemv_launch,
     interpreting,
     launch_options,
@@ -60,6 +62,7 @@ def _q8_0_gemv_kernel(
     out_ptr,
     part_ptr,
     lock_ptr,
+    key_ptr,
     N,
     num_groups,
     groups_per_split,
@@ -73,6 +76,8 @@ def _q8_0_gemv_kernel(
     PREFETCH: tl.constexpr,
     INT_X: tl.constexpr,
     SWIGLU: tl.constexpr,
+    HEAD: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -116,7 +121,10 @@ def _q8_0_gemv_kernel(
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
-    store_row(acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU)
+    store_row(
+        acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
+        HEAD, key_ptr, ROUND,
+    )  # fmt: skip
 
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
@@ -146,12 +154,18 @@ def q8_0_gemv(
     out: torch.Tensor | None = None,
     asm: bool | None = None,
     swiglu: bool = False,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
-    qs holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows)."""
+    qs holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows).
+    head_keys (head_argmax.py): out is fp32 [1, N], the bits of the plain call's .float(), and
+    head_keys[0] takes the running argmax key (finish_argmax reads it)."""
     N, K = qs.shape
-    if out is None:
+    check_head(head_keys, x.shape[0], swiglu)
+    if head_keys is not None:
+        out = head_out(out, N, x)
+    elif out is None:
         out = torch.empty((1, N // 2 if swiglu else N), dtype=x.dtype, device=x.device)
     num_groups = K // QK8_0
     cfg = swiglu_config(config or gemv_config(N, num_groups, x.device), swiglu)
@@ -167,6 +181,7 @@ def q8_0_gemv(
         out,
         part,
         locks,
+        head_keys,
         N,
         num_groups,
         per_split,
@@ -178,6 +193,8 @@ def q8_0_gemv(
         PDL=bool(pdl),
         ASM=not interpreting() if asm is None else asm,
         SWIGLU=swiglu,
+        HEAD=head_keys is not None,
+        ROUND=_TL[x.dtype] if head_keys is not None else None,
         **launch_options(cfg, x.dtype),
         **pdl,
     )

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from kipp_core.quant import QK8_0
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -182,18 +183,27 @@ def matmul_config(
 
 
 def _q8_0_matmul_op(
-    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, swiglu: bool = False
+    x: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    swiglu: bool = False,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, K] @ dequant(qs, d)^T -> [T, N]. swiglu: qs holds gate then up rows (a gate_up_proj)
-    and the result is their SwiGLU [T, N / 2]; the one-token GEMV computes it in its epilogue."""
+    and the result is their SwiGLU [T, N / 2]; the one-token GEMV computes it in its epilogue.
+    head_keys (T = 1 only; head_argmax.py): fp32 logits [1, N] and the running argmax key."""
     _check(x, qs, d, swiglu)
+    check_head(head_keys, x.shape[0], swiglu)
     if x.stride(1) != 1 or qs.stride(1) != 1 or d.stride(1) != 1:
         raise ValueError("q8_0_matmul needs x, qs and d with the last dimension contiguous")
     T, K = x.shape
     N = qs.shape[0]
     if 0 < T <= GEMV_MAX_T and N and K:
-        return q8_0_gemv(x, qs, d, swiglu=swiglu)
+        return q8_0_gemv(x, qs, d, swiglu=swiglu, head_keys=head_keys)
     out = _q8_0_product(x, qs, d)
+    if head_keys is not None:  # (N or K = 0)
+        out = out.float()
+        pack_argmax_ref(out, head_keys)
     return silu_and_mul(out) if swiglu else out
 
 
@@ -246,10 +256,18 @@ def dequantize_q8_0_ref(qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 def q8_0_matmul_ref(
-    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, swiglu: bool = False
+    x: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    swiglu: bool = False,
+    head_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _check(x, qs, d, swiglu)
+    check_head(head_keys, x.shape[0], swiglu)
     out = (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
+    if head_keys is not None:
+        out = out.float()
+        pack_argmax_ref(out, head_keys)
     return silu_and_mul_ref(out) if swiglu else out
 
 
