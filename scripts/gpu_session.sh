@@ -31,6 +31,7 @@
 #           settings A/B in the 8B q8_0 decode step (step_ablation.py da: variants)
 #   s13d    the last call: more attention settings in the step (on MIN_TILES_PER_SPLIT=1), the
 #           attention and head GPU tests, 8B decode (bf16, q8_0, affine4), the 0.6B targets
+#   s13e    the attention and head-argmax GPU tests alone, failures with short tracebacks
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -478,6 +479,12 @@ s13d)  # thirteenth session, last call: see the header
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
     --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  ;;
+s13e)  # thirteenth session: see the header
+  timeout 280 python -m pytest -q -p no:cacheprovider -n 8 --timeout 200 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_head_argmax.py \
+    tests/cuda/test_attention_kernels.py 2>&1 | tee "$OUT/tests_s13e.log" \
+    | grep -vE "Warn|warn" | grep -E "FAILED|Error|error|assert|passed|failed|^E " | head -40
   ;;
 s12z)  # twelfth session's last call: the GPU tests that the runner's one upload and in-graph
   # pending ids, the SwiGLU epilogue and the embedding kernel touch; 8B decode (bf16, q8_0,
