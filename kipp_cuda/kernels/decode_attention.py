@@ -18,7 +18,8 @@ With PREFETCH_KV (the default) a split program loads its first K/V tile before i
 while the kernel before (q/k norm + RoPE + KV write) still runs: every cached position but the
 new token's was stored by earlier steps, and so were the block tables and context lengths. The
 one program whose first tile holds the new token (position ctx - 1) loads that tile again after
-the wait.
+the wait, through L2 (.cg): the early load may have left stale lines of it in this SM's L1
+(tests/cuda/test_attention_compile.py checks the PTX).
 """
 
 from __future__ import annotations

@@ -33,9 +33,11 @@ def load_tile(
     IS_Q8: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    CG: tl.constexpr = False,
 ):
     # K and V [BLOCK_N, HEAD_DIM] of KV positions [n0, min(n0 + BLOCK_N, end)) of kv head h,
-    # both loads issued before any math uses them (V in flight with K).
+    # both loads issued before any math uses them (V in flight with K). CG: the K/V and scale
+    # loads go through L2 (kv_write._load).
     pos = n0 + tl.arange(0, BLOCK_N)
     valid = pos < end
     if MASKED:
@@ -45,11 +47,13 @@ def load_tile(
     slot = block_id * stride_cb + (pos % PAGE_SIZE) * stride_cs + h * stride_ch
     sslot = block_id * stride_sb + (pos % PAGE_SIZE) * stride_ss + h * stride_sh
     k = load_kv_tile(
-        k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
-    )
+        k_cache_ptr, k_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED,
+        DOT_DTYPE, CG,
+    )  # fmt: skip
     v = load_kv_tile(
-        v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED, DOT_DTYPE
-    )
+        v_cache_ptr, v_scale_ptr, slot, sslot, valid, HEAD_DIM, BLOCK_N, IS_Q8, MASKED,
+        DOT_DTYPE, CG,
+    )  # fmt: skip
     return k, v
 
 
@@ -134,6 +138,7 @@ def attend_run(
         first_end = tl.minimum(start + BLOCK_N, end)
         if start < first_end:
             if first_end == ctx:  # the tile holds this step's token, stored by the kernel before
+                # again, through L2: the early load may have left the stale lines in this SM's L1
                 k_pre, v_pre = load_tile(
                     k_cache_ptr,
                     v_cache_ptr,
@@ -155,6 +160,7 @@ def attend_run(
                     IS_Q8,
                     True,
                     DOT_DTYPE,
+                    True,
                 )
             acc, m_i, l_i = tile_math(
                 acc,

@@ -23,6 +23,23 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 
 @triton.jit
+def _load(ptrs, mask, HAS_MASK: tl.constexpr, CG: tl.constexpr):
+    # CG: read through L2 (.cg), past this SM's L1, which may hold a stale line of the same
+    # addresses loaded before a PDL wait (decode attention's first-tile prefetch)
+    if HAS_MASK:
+        if CG:
+            x = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs, mask=mask, other=0)
+    else:
+        if CG:
+            x = tl.load(ptrs, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def load_kv_tile(
     cache_ptr,
     scale_ptr,
@@ -34,29 +51,23 @@ def load_kv_tile(
     IS_Q8: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    CG: tl.constexpr = False,
 ):
     """A [BLOCK_N, HEAD_DIM] tile of K or V in DOT_DTYPE; `row`/`scale_row` are [BLOCK_N] element
     offsets of each position's head vector in the cache and in the scales (int64); positions
-    outside `mask` (when HAS_MASK) are not read and come back as zeros."""
+    outside `mask` (when HAS_MASK) are not read and come back as zeros. CG: through L2 (_load)."""
     if IS_Q8:
         # [BLOCK_N, HEAD_DIM // 32, 32] so that each 32-group meets its scale; fp32 dequant.
         j = tl.arange(0, HEAD_DIM // 32)
         i = tl.arange(0, 32)
         offs = row[:, None, None] + j[None, :, None] * 32 + i[None, None, :]
-        if HAS_MASK:
-            x = tl.load(cache_ptr + offs, mask=mask[:, None, None], other=0)
-            d = tl.load(scale_ptr + scale_row[:, None] + j[None, :], mask=mask[:, None], other=0)
-        else:
-            x = tl.load(cache_ptr + offs)
-            d = tl.load(scale_ptr + scale_row[:, None] + j[None, :])
+        x = _load(cache_ptr + offs, mask[:, None, None], HAS_MASK, CG)
+        d = _load(scale_ptr + scale_row[:, None] + j[None, :], mask[:, None], HAS_MASK, CG)
         x = x.to(tl.float32) * d.to(tl.float32)[:, :, None]
         return tl.reshape(x, (BLOCK_N, HEAD_DIM)).to(DOT_DTYPE)
     else:
         offs = row[:, None] + tl.arange(0, HEAD_DIM)[None, :]
-        if HAS_MASK:
-            x = tl.load(cache_ptr + offs, mask=mask[:, None], other=0)
-        else:
-            x = tl.load(cache_ptr + offs)
+        x = _load(cache_ptr + offs, mask[:, None], HAS_MASK, CG)
         return x.to(DOT_DTYPE)
 
 
