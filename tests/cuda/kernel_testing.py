@@ -141,3 +141,24 @@ def naive_attention(q, p: Paged, q_lens, scale):
         out[t0 : t0 + lq] = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
         t0 += lq
     return out
+
+
+def compile_offline(script: str) -> str:
+    """Run `script` in a fresh Python without Triton's interpreter (which the tests here run
+    under), where it can compile kernels for sm_90 with the wheel's toolchain; its stdout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

@@ -3,14 +3,10 @@ interpreter cannot show: the first-tile reload after the PDL wait reads through 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from kipp_cuda.kernels import sass
+from tests.cuda.kernel_testing import compile_offline
 
 _COMPILE = """
 import triton, triton.language as tl
@@ -41,16 +37,5 @@ def test_first_tile_reload_after_the_pdl_wait_reads_through_l2():
     holding the new token loads it again after. A plain load may hit the early load's stale lines
     in this SM's L1, so the reload is .cg: the prefetching kernel has more .cg loads (the reload's
     K and V) than the one without (the split merge's alone)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE],
-        cwd=Path(__file__).parents[2],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    plain, prefetch = (int(n) for n in done.stdout.split())
+    plain, prefetch = (int(n) for n in compile_offline(_COMPILE).split())
     assert plain > 0 and prefetch > plain

@@ -17,7 +17,16 @@ from kipp_cuda.kernels import head_argmax as ha
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels import sass
-from tests.cuda.kernel_testing import DEV, DTYPES, IDS, close, randn, run, skip_unless_runnable
+from tests.cuda.kernel_testing import (
+    DEV,
+    DTYPES,
+    IDS,
+    close,
+    compile_offline,
+    randn,
+    run,
+    skip_unless_runnable,
+)
 from tests.cuda.test_matmul_kernels import affine_weights, q8_weights
 
 skip_unless_runnable()
@@ -320,20 +329,5 @@ def test_head_mode_compiles_for_sm90_with_one_atomic_a_program():
     """The interpreter runs what the compiler refuses (a plain global in a jit function): the
     head-mode GEMVs and finish_argmax compiled for sm_90 (no GPU; a subprocess, as the tests here
     run the interpreter), each GEMV with one int64 max atomic."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE],
-        cwd=Path(__file__).parents[2],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:4] == ["q8_0 1", "affine4 1", "dense 1", "finish_argmax ok"]
+    lines = compile_offline(_COMPILE).split("\n")[:4]
+    assert lines == ["q8_0 1", "affine4 1", "dense 1", "finish_argmax ok"]
