@@ -10,7 +10,7 @@ from kipp_core.quant import check_scheme
 from kipp_cuda.kernels.affine_matmul import affine_matmul
 from kipp_cuda.kernels.dense_gemv import dense_gemv
 from kipp_cuda.kernels.embedding import affine_embedding, dense_embedding, q8_0_embedding
-from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
+from kipp_cuda.kernels.head_argmax import check_head, head_ref
 from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
 from kipp_cuda.kernels.swiglu import silu_and_mul
 
@@ -35,21 +35,11 @@ class DenseLinear(nn.Module):
             # SwiGLU fused into the GEMV's input; head mode into its epilogue
             return dense_gemv(x, self.weight, act, head_keys=head_keys)
         out = torch.nn.functional.linear(silu_and_mul(x) if act else x, self.weight)
-        if head_keys is not None:
-            out = out.float()
-            pack_argmax_ref(out, head_keys)
-        return out
+        return head_ref(out, head_keys)
 
 
-class Q8Linear(nn.Module):
-    def __init__(self, qs: torch.Tensor, scales: torch.Tensor):
-        super().__init__()
-        self.register_buffer("qs", qs)  # int8 [out, in]
-        self.register_buffer("scales", scales)  # fp16 [out, in / 32]
-
-    @property
-    def out_features(self) -> int:
-        return self.qs.shape[0]
+class _QuantLinear(nn.Module):
+    """A weight-only quantized linear layer; a subclass gives `_matmul`."""
 
     def forward(
         self,
@@ -62,10 +52,24 @@ class Q8Linear(nn.Module):
         returns SwiGLU of its output (swiglu_mlp); head_keys as DenseLinear's."""
         check_head(head_keys, x.shape[0], act or swiglu)
         x = silu_and_mul(x) if act else x
+        return self._matmul(x, swiglu, head_keys)
+
+
+class Q8Linear(_QuantLinear):
+    def __init__(self, qs: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.register_buffer("qs", qs)  # int8 [out, in]
+        self.register_buffer("scales", scales)  # fp16 [out, in / 32]
+
+    @property
+    def out_features(self) -> int:
+        return self.qs.shape[0]
+
+    def _matmul(self, x, swiglu, head_keys):
         return q8_0_matmul(x, self.qs, self.scales, swiglu=swiglu, head_keys=head_keys)
 
 
-class AffineLinear(nn.Module):
+class AffineLinear(_QuantLinear):
     def __init__(
         self,
         wq: torch.Tensor,
@@ -84,16 +88,7 @@ class AffineLinear(nn.Module):
     def out_features(self) -> int:
         return self.wq.shape[0]
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        act: bool = False,
-        swiglu: bool = False,
-        head_keys: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """act, swiglu and head_keys as Q8Linear's."""
-        check_head(head_keys, x.shape[0], act or swiglu)
-        x = silu_and_mul(x) if act else x
+    def _matmul(self, x, swiglu, head_keys):
         w = (self.wq, self.scales, self.biases, self.bits, self.group_size)
         return affine_matmul(x, *w, swiglu=swiglu, head_keys=head_keys)
 

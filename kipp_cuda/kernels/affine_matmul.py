@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.affine_gemv import affine_gemv
-from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
+from kipp_cuda.kernels.head_argmax import check_head, head_ref
 from kipp_cuda.kernels.matmul_tiles import (
     dot_dtype,
     split_k_buffers,
@@ -211,9 +211,7 @@ def _affine_matmul_op(
             x, wq, scales, biases, bits, group_size, swiglu=swiglu, head_keys=head_keys
         )
     out = _affine_product(x, wq, scales, biases, bits, group_size)
-    if head_keys is not None:  # (N or K = 0)
-        out = out.float()
-        pack_argmax_ref(out, head_keys)
+    out = head_ref(out, head_keys)  # (N or K = 0)
     return silu_and_mul(out) if swiglu else out
 
 
@@ -289,9 +287,7 @@ def affine_matmul_ref(
     check_head(head_keys, x.shape[0], swiglu)
     w = dequantize_affine_ref(wq, scales, biases, bits, group_size)
     out = (x.float() @ w.T).to(x.dtype)
-    if head_keys is not None:
-        out = out.float()
-        pack_argmax_ref(out, head_keys)
+    out = head_ref(out, head_keys)
     return silu_and_mul_ref(out) if swiglu else out
 
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
+from kipp_cuda.kernels.head_argmax import check_head, head_ref
 from kipp_cuda.kernels.matmul_tiles import _TL, gemv_launch, interpreting, num_sms, store_row
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
@@ -168,9 +168,7 @@ def dense_gemv_ref(
 
         x = silu_and_mul_ref(x)
     out = torch.nn.functional.linear(x, w)
-    if head_keys is not None:
-        out = out.float()
-        pack_argmax_ref(out, head_keys)
+    out = head_ref(out, head_keys)
     return out
 
 

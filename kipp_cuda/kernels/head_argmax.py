@@ -123,6 +123,16 @@ def pack_argmax_ref(logits: torch.Tensor, keys: torch.Tensor) -> None:
     keys[:B] = torch.maximum(keys[:B], argmax_keys(logits))
 
 
+def head_ref(out: torch.Tensor, head_keys: torch.Tensor | None) -> torch.Tensor:
+    """A head-mode result the torch way, for every path that is not a head-mode GEMV: out as it
+    is without head_keys, else out.float() with its argmax folded into head_keys."""
+    if head_keys is None:
+        return out
+    out = out.float()
+    pack_argmax_ref(out, head_keys)
+    return out
+
+
 def check_head(head_keys: torch.Tensor | None, T: int, fused: bool = False) -> None:
     """Head mode (head_keys given) takes one token and no SwiGLU (act / swiglu) fusion."""
     if head_keys is None:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kipp_core.quant import QK8_0
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.head_argmax import check_head, pack_argmax_ref
+from kipp_cuda.kernels.head_argmax import check_head, head_ref
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     dot_dtype,
@@ -201,9 +201,7 @@ def _q8_0_matmul_op(
     if 0 < T <= GEMV_MAX_T and N and K:
         return q8_0_gemv(x, qs, d, swiglu=swiglu, head_keys=head_keys)
     out = _q8_0_product(x, qs, d)
-    if head_keys is not None:  # (N or K = 0)
-        out = out.float()
-        pack_argmax_ref(out, head_keys)
+    out = head_ref(out, head_keys)  # (N or K = 0)
     return silu_and_mul(out) if swiglu else out
 
 
@@ -265,9 +263,7 @@ def q8_0_matmul_ref(
     _check(x, qs, d, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
     out = (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
-    if head_keys is not None:
-        out = out.float()
-        pack_argmax_ref(out, head_keys)
+    out = head_ref(out, head_keys)
     return silu_and_mul_ref(out) if swiglu else out
 
 
