@@ -32,6 +32,8 @@
 #   s13d    the last call: more attention settings in the step (on MIN_TILES_PER_SPLIT=1), the
 #           attention and head GPU tests, 8B decode (bf16, q8_0, affine4), the 0.6B targets
 #   s13e    the attention and head-argmax GPU tests alone, failures with short tracebacks
+#   s14a    fourteenth session, first call: the decode attention GPU tests one by one (-v, names
+#           logged as they finish), the rest of the attention and head-argmax GPU tests, 8B decode
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -479,6 +481,19 @@ s13d)  # thirteenth session, last call: see the header
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
     --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  ;;
+s14a)  # fourteenth session, first call: see the header
+  step "GPU tests: decode attention (names as they finish)"
+  timeout 200 python -m pytest -v -p no:cacheprovider -n 8 --timeout 180 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py -k decode 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s14a_decode.log" | grep -E "FAILED|^E |passed|failed" | head -30
+  step "GPU tests: the rest of the attention GPU tests, head argmax, attention kernels"
+  timeout 200 python -m pytest -q -p no:cacheprovider -n 8 --timeout 180 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_head_argmax.py \
+    tests/cuda/test_attention_kernels.py -k "not decode_qwen3 and not decode_cuda_graph and \
+    not fused_merge and not sees_the_token" 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s14a_rest.log" | grep -E "FAILED|^E |passed|failed" | head -30
+  QUANTS="q8_0 affine4" decode8 b8a 75
   ;;
 s13e)  # thirteenth session: see the header
   timeout 280 python -m pytest -q -p no:cacheprovider -n 8 --timeout 200 -rf --tb=short \
