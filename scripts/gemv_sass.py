@@ -33,9 +33,7 @@ def main() -> None:
     for spec in args.configs.split(","):
         bn, bg, nw = (int(v) for v in spec.split("x"))
         weights = bn * bg * 32 / (32 * nw)  # a thread's weights a K step
-        common = dict(
-            BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=1, PDL=True, ASM=True, PREFETCH=False, PERSIST=False
-        )
+        common = dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=1, PDL=True, ASM=True, PREFETCH=False)
         for on in modes:
             for name, fn, sig, extra in (
                 ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),

@@ -34,9 +34,6 @@
 #   s13e    the attention and head-argmax GPU tests alone, failures with short tracebacks
 #   s14a    fourteenth session, first call: the decode attention GPU tests one by one (-v, names
 #           logged as they finish), the rest of the attention and head-argmax GPU tests, 8B decode
-#   s14b    the rest of those GPU tests to the first failure (-x, names logged); the PERSIST
-#           GEMV sweep at the 8B shapes written to the tuned table; 8B decode with it, and
-#           affine4 with the committed table again (same machine)
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -484,23 +481,6 @@ s13d)  # thirteenth session, last call: see the header
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
     --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
-  ;;
-s14b)  # fourteenth session: see the header
-  step "GPU tests: attention (not decode), head argmax, attention kernels; to the first failure"
-  timeout 120 python -m pytest -v -x -p no:cacheprovider -n 8 --timeout 110 -rf --tb=short \
-    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_head_argmax.py \
-    tests/cuda/test_attention_kernels.py -k "not decode_qwen3 and not decode_cuda_graph and \
-    not fused_merge and not sees_the_token" 2>&1 | grep -vE "Warn|warn" \
-    | tee "$OUT/tests_s14b.log" | grep -E "FAILED|^E |passed|failed" | head -30
-  step "PERSIST sweep, 8B shapes"
-  cp kipp_cuda/kernels/configs/h200_gemv.json /tmp/table_before.json
-  timeout 200 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B " --persist \
-    --json "$OUT/sweep_persist.json" --write-configs 2>&1 | grep -vE "Warn|warn" \
-    | tee "$OUT/sweep_persist.log" | tail -32
-  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/h200_gemv_persist.json"
-  QUANTS="q8_0 affine4" decode8 b8new 65
-  cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
-  QUANTS="affine4" decode8 b8old 65
   ;;
 s14a)  # fourteenth session, first call: see the header
   step "GPU tests: decode attention (names as they finish)"

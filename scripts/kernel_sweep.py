@@ -49,7 +49,6 @@ SHAPES = {  # (N, K) of each decode linear
     "32B/tp2 lm_head": (75968, 5120),
 }
 TUNED = "kipp_cuda/kernels/configs/h200_gemv.json"
-PERSIST_ONLY = False  # --persist: the quantized shapes sweep persist_grid instead
 
 
 def graph_us(fn, reps: int = 20, iters: int = 10) -> float:
@@ -165,19 +164,6 @@ def quant_grid(N: int, K: int) -> list[dict]:
     return grid
 
 
-def persist_grid(default: dict) -> list[dict]:
-    """PERSIST variants of a shape's tuned tile (gemv_launch: p programs an SM walk the row
-    blocks), with and without the next tile in flight, and of the tile with half its rows."""
-    base = {**default, "SPLIT_K": 1}
-    base.pop("maxnreg", None)
-    half = {**base, "BLOCK_N": max(2, base["BLOCK_N"] // 2)}
-    grid = [
-        {**b, "PREFETCH": pf, "PERSIST": p}
-        for b, pf, p in itertools.product((base, half), (True, False), (1, 2, 3, 4, 6, 8))
-    ]
-    return [c for i, c in enumerate(grid) if c not in grid[:i]]
-
-
 def rotated(make, nbytes: int) -> list:
     """Identical copies of a shape's weights, enough (bench.rotating) that a graph of back-to-back
     calls streams each from HBM, not from the 50 MB L2 (the decode step's regime)."""
@@ -196,21 +182,15 @@ def rotating_call(call, weights: list):
 
 
 def quant_sweep(rows, family: str, name: str, nbytes: int, default: dict, weights, call, ref):
-    """The int16-x grid (or with --persist persist_grid), and the default config (the tuned
-    table's, on the exact fp32 path unless it says INT_X), with INT_X off, as the baseline in the
-    same run."""
-    grid = (
-        persist_grid(default)
-        if PERSIST_ONLY
-        else [{**default, "INT_X": False}, *quant_grid(*SHAPES[name])]
-    )
+    """The int16-x grid, and the default config (the tuned table's, on the exact fp32 path
+    unless it says INT_X) with INT_X off as the baseline in the same run."""
     sweep(
         rows,
         family,
         name,
         nbytes,
         default,
-        grid,
+        [{**default, "INT_X": False}, *quant_grid(*SHAPES[name])],
         lambda c: rotating_call(lambda *w: call(*w, c), weights),
         ref,
     )
@@ -318,10 +298,7 @@ def main() -> None:
         action="store_true",
         help=f"merge each GEMV shape's fastest config into {TUNED}",
     )
-    p.add_argument("--persist", action="store_true", help="quantized: PERSIST variants only")
     args = p.parse_args()
-    global PERSIST_ONLY
-    PERSIST_ONLY = args.persist
     torch.manual_seed(0)
     triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
     picks = args.shapes.split(",")  # any of these substrings; "" takes every shape

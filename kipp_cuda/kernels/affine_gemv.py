@@ -28,8 +28,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     gemv_launch,
     gemv_rows,
-    gemv_tile,
-    gemv_tiles,
     interpreting,
     launch_options,
     num_sms,
@@ -50,17 +48,6 @@ def _affine_gemv_tile(w_rows, s_rows, b_rows, g, WPG: tl.constexpr, ASM: tl.cons
     for i in tl.static_range(1, WPG // 4):
         words = words + load_words(w + 4 * i, ASM)
     return words, load_scalar(s_rows + g[None, :], ASM), load_scalar(b_rows + g[None, :], ASM)
-
-
-@triton.jit
-def _affine_rows(
-    wq_ptr, s_ptr, b_ptr, unit, N, stride_wn, stride_sn, stride_bn, BLOCK_N: tl.constexpr,
-    SWIGLU: tl.constexpr,
-):  # fmt: skip
-    # Row block `unit`: its output columns, out's width and [BLOCK_N, 1] row pointers.
-    rn, width, rows = tile_rows(unit, N, BLOCK_N, SWIGLU)  # SWIGLU: gate, up rows
-    r = rows[:, None]
-    return rn, width, wq_ptr + r * stride_wn, s_ptr + r * stride_sn, b_ptr + r * stride_bn
 
 
 @triton.jit
@@ -87,7 +74,6 @@ def _affine_gemv_kernel(
     PDL: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PERSIST: tl.constexpr,
     INT_X: tl.constexpr,
     SWIGLU: tl.constexpr,
     HEAD: tl.constexpr,
@@ -96,41 +82,27 @@ def _affine_gemv_kernel(
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
     # b sum(x); sum(x q) from dp2a on int16 x (INT_X, group size 32) or exact in fp32.
-    # PERSIST: the program walks row blocks pid_n, pid_n + num_programs, ... (gemv_tile).
     pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    rn, width, rows = tile_rows(pid_n, N, BLOCK_N, SWIGLU)  # SWIGLU: gate, up rows
     rg = tl.arange(0, BLOCK_G)
+    w_rows = wq_ptr + rows[:, None] * stride_wn
+    s_rows = s_ptr + rows[:, None] * stride_sn
+    b_rows = b_ptr + rows[:, None] * stride_bn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    steps = tl.cdiv(g_end - g_start, BLOCK_G)
-    rn, width, w_rows, s_rows, b_rows = _affine_rows(
-        wq_ptr, s_ptr, b_ptr, pid_n, N, stride_wn, stride_sn, stride_bn, BLOCK_N, SWIGLU
-    )
     if PREFETCH:
         w, s, b = _affine_gemv_tile(
             w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1), WPG, ASM
         )
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    for t in range(0, gemv_tiles(pid_n, N, steps, BLOCK_N, PERSIST)):
-        unit, g0 = gemv_tile(t, steps, pid_n, g_start, BLOCK_G, PERSIST)
-        if PERSIST:
-            rn, width, w_rows, s_rows, b_rows = _affine_rows(
-                wq_ptr, s_ptr, b_ptr, unit, N, stride_wn, stride_sn, stride_bn, BLOCK_N, SWIGLU
-            )
+    for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
-            next_unit, next_g0 = gemv_tile(t + 1, steps, pid_n, g_start, BLOCK_G, PERSIST)
-            if PERSIST:  # (past the last row block: row N - 1 again, unused)
-                _, _, nw_rows, ns_rows, nb_rows = _affine_rows(
-                    wq_ptr, s_ptr, b_ptr, next_unit, N, stride_wn, stride_sn, stride_bn,
-                    BLOCK_N, SWIGLU,
-                )  # fmt: skip
-            else:
-                nw_rows, ns_rows, nb_rows = w_rows, s_rows, b_rows
             nw, ns, nb = _affine_gemv_tile(
-                nw_rows, ns_rows, nb_rows, tl.minimum(next_g0 + rg, g_end - 1), WPG, ASM
+                w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM
             )
         else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, s, b = _affine_gemv_tile(
@@ -165,18 +137,10 @@ def _affine_gemv_kernel(
             )
         if PREFETCH:
             w, s, b = nw, ns, nb
-        if PERSIST:
-            if t % steps == steps - 1:  # the row block's last K step
-                store_row(
-                    acc, out_ptr, part_ptr, lock_ptr, rn, width, unit, pid_k, BLOCK_N, 1,
-                    SWIGLU, HEAD, key_ptr, ROUND,
-                )  # fmt: skip
-                acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-    if not PERSIST:
-        store_row(
-            acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
-            HEAD, key_ptr, ROUND,
-        )  # fmt: skip
+    store_row(
+        acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
+        HEAD, key_ptr, ROUND,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -186,38 +186,12 @@ def split_k_buffers(device: torch.device, num_tiles: int, split_k: int, block_m:
 
 def gemv_launch(device: torch.device, N: int, k_units: int, cfg: dict, unit_key: str):
     """Grid, per-split length and split-K buffers of a one-token GEMV whose K is walked in
-    cfg[unit_key]-sized steps of `k_units` units (elements or quantization groups). With
-    cfg["PERSIST"] = p (quantized GEMVs, no split-K), p programs an SM walk the row blocks
-    (gemv_tile)."""
+    cfg[unit_key]-sized steps of `k_units` units (elements or quantization groups)."""
     bn, bk, split = cfg["BLOCK_N"], cfg[unit_key], cfg["SPLIT_K"]
     n_tiles = triton.cdiv(N, bn)
     per_split = triton.cdiv(triton.cdiv(k_units, bk), split) * bk
     part, locks = split_k_buffers(device, n_tiles, split, 1, bn)
-    if cfg.get("PERSIST"):
-        if split != 1:
-            raise ValueError(f"config: PERSIST needs SPLIT_K 1, not {split}")
-        return (min(n_tiles, cfg["PERSIST"] * num_sms(device)), 1), per_split, part, locks
     return (n_tiles, split), per_split, part, locks
-
-
-@triton.jit
-def gemv_tile(t, steps, pid_n, g_start, BLOCK_G: tl.constexpr, PERSIST: tl.constexpr):
-    """(row block, first K unit) of a one-token GEMV program's t-th tile: `steps` tiles walk one
-    row block's K split; with PERSIST the program then takes the row block num_programs(0) on,
-    so a grid of a few programs an SM streams every row block without a tail wave."""
-    if PERSIST:
-        return pid_n + (t // steps) * tl.num_programs(0), g_start + (t % steps) * BLOCK_G
-    else:
-        return pid_n, g_start + t * BLOCK_G
-
-
-@triton.jit
-def gemv_tiles(pid_n, N, steps, BLOCK_N: tl.constexpr, PERSIST: tl.constexpr):
-    """How many tiles a one-token GEMV program walks (gemv_tile)."""
-    if PERSIST:
-        return tl.cdiv(tl.cdiv(N, BLOCK_N) - pid_n, tl.num_programs(0)) * steps
-    else:
-        return steps
 
 
 def swiglu_config(cfg: dict, swiglu: bool) -> dict:
@@ -237,11 +211,10 @@ def int_x(cfg: dict, x_dtype: torch.dtype) -> bool:
 
 def launch_options(cfg: dict, x_dtype: torch.dtype) -> dict:
     """A quantized GEMV config's launch options: PREFETCH (the next K step's loads in flight
-    during this one's math; default on), PERSIST (gemv_launch), INT_X (int_x), num_warps, and
-    maxnreg where the tuned table caps registers for occupancy."""
+    during this one's math; default on), INT_X (int_x), num_warps, and maxnreg where the tuned
+    table caps registers for occupancy."""
     opts = dict(
         PREFETCH=cfg.get("PREFETCH", True),
-        PERSIST=bool(cfg.get("PERSIST")),
         INT_X=int_x(cfg, x_dtype),
         num_warps=cfg["num_warps"],
     )

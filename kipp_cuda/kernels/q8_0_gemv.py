@@ -33,8 +33,6 @@ from kipp_cuda.kernels.head_argmax import check_head, head_out
 from kipp_cuda.kernels.matmul_tiles import (
     _TL,
     gemv_launch,
-    gemv_tile,
-    gemv_tiles,
     interpreting,
     launch_options,
     num_sms,
@@ -57,15 +55,6 @@ def _q8_0_gemv_tile(w_rows, d_rows, g, ASM: tl.constexpr):
 
 
 @triton.jit
-def _q8_0_rows(
-    qw_ptr, d_ptr, unit, N, stride_qn, stride_dn, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr
-):
-    # Row block `unit`: its output columns, out's width and [BLOCK_N, 1] row pointers.
-    rn, width, rows = tile_rows(unit, N, BLOCK_N, SWIGLU)  # SWIGLU: gate, up rows
-    return rn, width, qw_ptr + rows[:, None] * stride_qn, d_ptr + rows[:, None] * stride_dn
-
-
-@triton.jit
 def _q8_0_gemv_kernel(
     x_ptr,
     qw_ptr,
@@ -85,7 +74,6 @@ def _q8_0_gemv_kernel(
     PDL: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PERSIST: tl.constexpr,
     INT_X: tl.constexpr,
     SWIGLU: tl.constexpr,
     HEAD: tl.constexpr,
@@ -95,36 +83,22 @@ def _q8_0_gemv_kernel(
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
     # layout change; a thread's elements share groups, so their x is loaded and summed once.
     # Rows past N read row N - 1 and groups past the split read its last group (masked out).
-    # PERSIST: the program walks row blocks pid_n, pid_n + num_programs, ... (gemv_tile).
     pdl_trigger(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    rn, width, rows = tile_rows(pid_n, N, BLOCK_N, SWIGLU)  # SWIGLU: gate, up rows
     rg = tl.arange(0, BLOCK_G)
+    w_rows = qw_ptr + rows[:, None] * stride_qn
+    d_rows = d_ptr + rows[:, None] * stride_dn
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
-    steps = tl.cdiv(g_end - g_start, BLOCK_G)
-    rn, width, w_rows, d_rows = _q8_0_rows(
-        qw_ptr, d_ptr, pid_n, N, stride_qn, stride_dn, BLOCK_N, SWIGLU
-    )
     if PREFETCH:
         w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    for t in range(0, gemv_tiles(pid_n, N, steps, BLOCK_N, PERSIST)):
-        unit, g0 = gemv_tile(t, steps, pid_n, g_start, BLOCK_G, PERSIST)
-        if PERSIST:
-            rn, width, w_rows, d_rows = _q8_0_rows(
-                qw_ptr, d_ptr, unit, N, stride_qn, stride_dn, BLOCK_N, SWIGLU
-            )
+    for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
-            next_unit, next_g0 = gemv_tile(t + 1, steps, pid_n, g_start, BLOCK_G, PERSIST)
-            if PERSIST:  # (past the last row block: row N - 1 again, unused)
-                _, _, nw_rows, nd_rows = _q8_0_rows(
-                    qw_ptr, d_ptr, next_unit, N, stride_qn, stride_dn, BLOCK_N, SWIGLU
-                )
-            else:
-                nw_rows, nd_rows = w_rows, d_rows
-            nw, nd = _q8_0_gemv_tile(nw_rows, nd_rows, tl.minimum(next_g0 + rg, g_end - 1), ASM)
+            nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
         else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + rg, g_end - 1), ASM)
         g = tl.minimum(g0 + rg, g_end - 1)
@@ -147,18 +121,10 @@ def _q8_0_gemv_kernel(
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
-        if PERSIST:
-            if t % steps == steps - 1:  # the row block's last K step
-                store_row(
-                    acc, out_ptr, part_ptr, lock_ptr, rn, width, unit, pid_k, BLOCK_N, 1,
-                    SWIGLU, HEAD, key_ptr, ROUND,
-                )  # fmt: skip
-                acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-    if not PERSIST:
-        store_row(
-            acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
-            HEAD, key_ptr, ROUND,
-        )  # fmt: skip
+    store_row(
+        acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
+        HEAD, key_ptr, ROUND,
+    )  # fmt: skip
 
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:

@@ -39,8 +39,6 @@ CFGS = {
     "one-tile": dict(BLOCK_N=64, BLOCK_G=16, SPLIT_K=1, num_warps=4, PREFETCH=False),
     "prefetch-split2": dict(BLOCK_N=128, BLOCK_G=4, SPLIT_K=2, num_warps=4, PREFETCH=True),
     "split3": dict(BLOCK_N=256, BLOCK_G=2, SPLIT_K=3, num_warps=4, PREFETCH=False),
-    # 13 row blocks walked by 4 programs on CPU (dense ignores PERSIST)
-    "persist": dict(BLOCK_N=64, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=True, PERSIST=1),
 }
 
 
@@ -308,8 +306,7 @@ def ptx(fn, sig, consts):
     return triton.compile(src, target=TARGET, options=dict(num_warps=4)).asm["ptx"]
 
 head = dict(out_ptr="*fp32", key_ptr="*i64")
-q = dict(BLOCK_N=16, BLOCK_G=64, PDL=True, ASM=True, PREFETCH=False, PERSIST=False, INT_X=False,
-         SWIGLU=False)
+q = dict(BLOCK_N=16, BLOCK_G=64, PDL=True, ASM=True, PREFETCH=False, INT_X=False, SWIGLU=False)
 dense = dict(x_ptr="*bf16", w_ptr="*bf16", part_ptr="*fp32", lock_ptr="*i32", N="i32", K="i32",
              k_per_split="i32", stride_wn="i32", **head)
 affine = dict(q, SPLIT_K=1, BITS=4, GROUP=32)

@@ -168,10 +168,8 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj, int16_x, monkeypatch):
         dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False),
         dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False),
         dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
-        dict(BLOCK_N=2, BLOCK_G=8, SPLIT_K=1, num_warps=4, PREFETCH=False, PERSIST=1),
-        dict(BLOCK_N=4, BLOCK_G=16, SPLIT_K=1, num_warps=4, PREFETCH=True, PERSIST=1),
     ],
-    ids=["one-tile", "one-tile-split3", "prefetch-split2", "persist", "persist-prefetch"],
+    ids=["one-tile", "one-tile-split3", "prefetch-split2"],
 )
 def test_quantized_gemv_launch_options(cfg):
     """The tuned table's launch options (PREFETCH off: one tile in flight a program) on masked
@@ -187,25 +185,6 @@ def test_quantized_gemv_launch_options(cfg):
             x.double().cpu() @ w64.T,
             torch.bfloat16,
         )
-
-
-@pytest.mark.parametrize("int_x", [False, True], ids=["fp32-x", "int16-x"])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["one-tile", "prefetch"])
-def test_quantized_gemv_persist_equals_a_program_a_row_block(prefetch, int_x):
-    """PERSIST (a few programs an SM walk the row blocks, gemv_tile) computes every row block
-    as the program of its own would: the same bits. 150 row blocks outnumber the programs on a
-    GPU (132 SMs) and under the interpreter (4), so programs walk several, over 3 K steps."""
-    N, K = 600, 1216  # 38 groups: the last K step is short
-    cfg = dict(BLOCK_N=4, BLOCK_G=16, SPLIT_K=1, num_warps=4, PREFETCH=prefetch, INT_X=int_x)
-    x = randn(1, K, dtype=torch.bfloat16, seed=31)
-    qs, d, _ = q8_weights(N, K, seed=32)
-    plain = run(qg.q8_0_gemv, x, qs, d, cfg)
-    assert torch.equal(run(qg.q8_0_gemv, x, qs, d, {**cfg, "PERSIST": 1}), plain)
-    wq, s, b, _ = affine_weights(N, K, 4, 32, seed=33, sdtype=torch.bfloat16)
-    plain = run(ag.affine_gemv, x, wq, s, b, 4, 32, cfg)
-    assert torch.equal(run(ag.affine_gemv, x, wq, s, b, 4, 32, {**cfg, "PERSIST": 1}), plain)
-    with pytest.raises(ValueError, match="PERSIST needs SPLIT_K 1"):
-        qg.q8_0_gemv(x, qs, d, {**cfg, "PERSIST": 1, "SPLIT_K": 2})
 
 
 def int16_x_bound(x, w64):

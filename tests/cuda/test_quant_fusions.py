@@ -34,7 +34,6 @@ SWIGLU_CFGS = {
     "split3": dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=3, num_warps=4, PREFETCH=False),
     "one-row": dict(BLOCK_N=1, BLOCK_G=8, SPLIT_K=1, num_warps=4),  # raised to a gate-up pair
     "prefetch-split2": dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
-    "persist": dict(BLOCK_N=4, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=True, PERSIST=1),
 }
 
 
