@@ -34,6 +34,10 @@
 #   s13e    the attention and head-argmax GPU tests alone, failures with short tracebacks
 #   s14a    fourteenth session, first call: the decode attention GPU tests one by one (-v, names
 #           logged as they finish), the rest of the attention and head-argmax GPU tests, 8B decode
+#   s14b    (at 46dd08d, the PERSIST GEMVs, reverted since) the rest of those GPU tests to the
+#           first failure; kernel_sweep.py --persist at the 8B shapes into the table; 8B decode
+#   s14c    split-K with tall tiles at the 8B qkv/o/down GEMVs (kernel_sweep.py --split-k) into
+#           the tuned table; if it changed, 8B q8_0/affine4 decode with it, then with the old one
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -481,6 +485,21 @@ s13d)  # thirteenth session, last call: see the header
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
     --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  ;;
+s14c)  # fourteenth session: see the header
+  step "split-K sweep, 8B qkv, o, down"
+  cp kipp_cuda/kernels/configs/h200_gemv.json /tmp/table_before.json
+  timeout 170 python scripts/kernel_sweep.py --only q8_0,affine4 --shapes "8B qkv,8B o,8B down" \
+    --split-k --json "$OUT/sweep_split.json" --write-configs 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/sweep_split.log" | tail -24
+  if cmp -s /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json; then
+    echo "table unchanged"
+  else
+    cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/h200_gemv_split.json"
+    QUANTS="q8_0 affine4" decode8 b8new 65
+    cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
+    QUANTS="q8_0 affine4" decode8 b8old 65
+  fi
   ;;
 s14a)  # fourteenth session, first call: see the header
   step "GPU tests: decode attention (names as they finish)"

@@ -181,16 +181,40 @@ def rotating_call(call, weights: list):
     return fn
 
 
+def split_grid(default: dict) -> list[dict]:
+    """Split-K with tall tiles (--split-k): more rows share each group's quantized x, and the K
+    splits keep the program count up. quant_grid takes split-K only where rows alone leave SMs
+    idle, so at the 8B o/down/qkv shapes it tried 4-16-row tiles over the whole of K."""
+    return [
+        dict(
+            BLOCK_N=bn,
+            BLOCK_G=bg,
+            SPLIT_K=sk,
+            num_warps=4,
+            PREFETCH=pf,
+            INT_X=default.get("INT_X", False),
+        )  # fmt: skip
+        for (bn, bg), sk, pf in itertools.product(
+            ((8, 64), (16, 32), (16, 64), (32, 32), (32, 64)), (2, 4, 8), (False, True)
+        )
+    ]
+
+
+SPLIT_ONLY = False  # --split-k: the quantized shapes sweep split_grid instead
+
+
 def quant_sweep(rows, family: str, name: str, nbytes: int, default: dict, weights, call, ref):
-    """The int16-x grid, and the default config (the tuned table's, on the exact fp32 path
-    unless it says INT_X) with INT_X off as the baseline in the same run."""
+    """The int16-x grid (split_grid with --split-k), and the default config (the tuned table's,
+    on the exact fp32 path unless it says INT_X) with INT_X off as the baseline in the same
+    run."""
+    grid = split_grid(default) if SPLIT_ONLY else quant_grid(*SHAPES[name])
     sweep(
         rows,
         family,
         name,
         nbytes,
         default,
-        [{**default, "INT_X": False}, *quant_grid(*SHAPES[name])],
+        [{**default, "INT_X": False}, *grid],
         lambda c: rotating_call(lambda *w: call(*w, c), weights),
         ref,
     )
@@ -298,7 +322,10 @@ def main() -> None:
         action="store_true",
         help=f"merge each GEMV shape's fastest config into {TUNED}",
     )
+    p.add_argument("--split-k", action="store_true", help="quantized shapes: split_grid only")
     args = p.parse_args()
+    global SPLIT_ONLY
+    SPLIT_ONLY = args.split_k
     torch.manual_seed(0)
     triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
     picks = args.shapes.split(",")  # any of these substrings; "" takes every shape
