@@ -38,6 +38,9 @@
 #           first failure; kernel_sweep.py --persist at the 8B shapes into the table; 8B decode
 #   s14c    split-K with tall tiles at the 8B qkv/o/down GEMVs (kernel_sweep.py --split-k) into
 #           the tuned table; if it changed, 8B q8_0/affine4 decode with it, then with the old one
+#   s14d    the last call: the whole GPU suite (tests/cuda, tests/conformance; not MLX; names
+#           logged as they finish), the 16,384-token 8B prefill, the 0.6B targets with the
+#           transformers peer
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -485,6 +488,22 @@ s13d)  # thirteenth session, last call: see the header
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
     --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
     --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  ;;
+s14d)  # fourteenth session, last call: see the header
+  step "GPU suite: tests/cuda, tests/conformance (not MLX)"
+  timeout 340 python -m pytest -v -p no:cacheprovider -n 8 --timeout 300 -rf --tb=short \
+    tests/cuda tests/conformance -k "not mlx" 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s14d.log" | grep -E "FAILED|^E |passed|failed" | head -30
+  step "8B 16k prefill"
+  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  step "0.6B targets (transformers peer)"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
+    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 \
+    | grep -E "\| (kipp|trans)|hroughput|refix" | tail -6
   ;;
 s14c)  # fourteenth session: see the header
   step "split-K sweep, 8B qkv, o, down"
