@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from kipp_core.quant import check_scheme
-from kipp_cuda.kernels.affine_gemv import takes_xq
 from kipp_cuda.kernels.affine_matmul import affine_matmul
 from kipp_cuda.kernels.dense_gemv import dense_gemv
 from kipp_cuda.kernels.embedding import affine_embedding, dense_embedding, q8_0_embedding
@@ -89,14 +88,9 @@ class AffineLinear(_QuantLinear):
     def out_features(self) -> int:
         return self.wq.shape[0]
 
-    def takes_xq(self, x: torch.Tensor) -> bool:
-        """Whether the norm before should write x's int16 form too (affine_gemv.takes_xq)."""
-        return takes_xq(self.wq.shape[0], x.shape[1], self.group_size, self.bits, x)
-
     def _matmul(self, x, swiglu, head_keys):
         w = (self.wq, self.scales, self.biases, self.bits, self.group_size)
-        xq = getattr(x, "kipp_xq", None)  # set by TPReduce.reduce_norm
-        return affine_matmul(x, *w, swiglu=swiglu, head_keys=head_keys, xq=xq)
+        return affine_matmul(x, *w, swiglu=swiglu, head_keys=head_keys)
 
 
 def swiglu_mlp(gate_up: nn.Module, down: nn.Module, h: torch.Tensor) -> torch.Tensor:

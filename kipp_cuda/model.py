@@ -21,11 +21,6 @@ from kipp_cuda.layers import embed, swiglu_mlp
 from kipp_cuda.tp_reduce import TPReduce
 
 
-def _xq_for(linear: nn.Module) -> nn.Module | None:
-    """The linear layer, if it can read its input's int16 form from the norm before it."""
-    return linear if hasattr(linear, "takes_xq") else None
-
-
 class Qwen3Layer(nn.Module):
     def __init__(
         self,
@@ -49,18 +44,12 @@ class Qwen3Layer(nn.Module):
     def forward(self, positions, hidden, residual, kv: LayerKV, meta: AttentionMetadata, cos_sin):
         # hidden: this rank's partial of the layer input (the embedding or the previous layer's
         # down_proj output), all-reduced here with the residual add and the input norm
-        h, residual = self.tp.reduce_norm(
-            hidden, residual, self.input_layernorm, self.eps, _xq_for(self.qkv_proj)
-        )
+        h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
         T = h.shape[0]
         q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
         a = attention(q, kv, meta, self.head_dim**-0.5)
         h, residual = self.tp.reduce_norm(
-            self.o_proj(a.reshape(T, -1)),
-            residual,
-            self.post_attention_layernorm,
-            self.eps,
-            _xq_for(self.gate_up_proj),
+            self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
         )
         return swiglu_mlp(self.gate_up_proj, self.down_proj, h), residual
 

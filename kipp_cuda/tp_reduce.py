@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from kipp_core.fastpath import report_fallback
 from kipp_cuda.kernels.allreduce_rms_norm import allreduce_rms_norm
-from kipp_cuda.kernels.bits import new_xq
 from kipp_cuda.kernels.rms_norm import rms_norm
 
 MAX_T = 8  # rows a fused call takes; larger batches and prefill chunks go through NCCL
@@ -87,23 +86,10 @@ class TPReduce:
         self.site = 0
 
     def reduce_norm(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        weight: torch.Tensor,
-        eps: float,
-        xq_for=None,
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(sum over ranks of x [+ residual]) * weight, the new residual) for x [T, H],
-        this rank's partial rows (at TP = 1, x itself). xq_for: the linear layer that reads the
-        output; at TP = 1, where it takes_xq, the norm writes the output's int16 form too, held
-        on the output as `kipp_xq` (bits.write_xq)."""
-        if self.mode == "local" and xq_for is not None and xq_for.takes_xq(x):
-            xq = new_xq(x.shape[1], x.device)
-            out = rms_norm(x, weight, eps, residual, xq=xq)
-            h = out if residual is None else out[0]
-            h.kipp_xq = xq
-            return (h, x) if residual is None else out
+        this rank's partial rows (at TP = 1, x itself)."""
         site = self.site
         self.site += 1
         if self.mode == "peer" and x.shape[0] <= MAX_T:

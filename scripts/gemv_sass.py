@@ -18,18 +18,13 @@ from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels.sass import AFFINE_SIG, Q8_SIG, loop_sass
 
-XQ = False
-
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--configs", default="32x32x4,16x64x4,8x128x4,16x128x4", help="NxGxWARPS")
     p.add_argument("--int-x", default="both", choices=["both", "on", "off"])
-    p.add_argument("--xq", action="store_true", help="affine4 reads x's int16 form (XQ)")
     p.add_argument("--json", default=None, help="every row with its full opcode counts")
     args = p.parse_args()
-    global XQ
-    XQ = args.xq
     rows = []
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.int_x]
     print(f"triton {triton.__version__}, sm_90; PREFETCH off, PDL on, bf16 x")
@@ -42,7 +37,7 @@ def main() -> None:
         for on in modes:
             for name, fn, sig, extra in (
                 ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),
-                ("affine4", ag._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32, XQ=XQ)),
+                ("affine4", ag._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
             ):
                 ops, regs = loop_sass(fn, sig, {**common, **extra, "INT_X": on}, nw)
                 n = sum(ops.values())

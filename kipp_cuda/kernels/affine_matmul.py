@@ -195,11 +195,9 @@ def _affine_matmul_op(
     group_size: int,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    xq: tuple | None = None,
 ) -> torch.Tensor:
     """x [T, K] @ dequant(wq, scales, biases)^T -> [T, N]; swiglu and head_keys as q8_0_matmul's
-    (SwiGLU of gate and up rows, or fp32 logits and an argmax key, in the GEMV's epilogue); xq:
-    x's int16 form (bits.write_xq) for the one-row GEMV (affine_gemv.takes_xq)."""
+    (SwiGLU of gate and up rows, or fp32 logits and an argmax key, in the GEMV's epilogue)."""
     _check(x, wq, scales, biases, bits, group_size, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
     if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
@@ -210,7 +208,7 @@ def _affine_matmul_op(
     N = wq.shape[0]
     if 0 < T <= GEMV_MAX_T and N and K:
         return affine_gemv(
-            x, wq, scales, biases, bits, group_size, swiglu=swiglu, head_keys=head_keys, xq=xq
+            x, wq, scales, biases, bits, group_size, swiglu=swiglu, head_keys=head_keys
         )
     out = _affine_product(x, wq, scales, biases, bits, group_size)
     out = head_ref(out, head_keys)  # (N or K = 0)
@@ -284,9 +282,8 @@ def affine_matmul_ref(
     group_size: int,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    xq: tuple | None = None,
 ) -> torch.Tensor:
-    _check(x, wq, scales, biases, bits, group_size, swiglu)  # (xq: a faster form of x; unused)
+    _check(x, wq, scales, biases, bits, group_size, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
     w = dequantize_affine_ref(wq, scales, biases, bits, group_size)
     out = (x.float() @ w.T).to(x.dtype)

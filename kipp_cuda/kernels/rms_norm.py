@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.bits import write_xq, xq_ref
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 
@@ -29,16 +28,11 @@ def _rms_norm_kernel(
     stride_r,
     stride_o,
     stride_ro,
-    xq_ptr,
-    xs_ptr,
-    xsum_ptr,
     BLOCK_H: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
-    XQ: tl.constexpr,
 ):
-    # One program per token row; the whole row sits in registers (H <= 8192 for Qwen3). XQ (one
-    # row): its int16 form for the affine GEMVs too (bits.write_xq).
+    # One program per token row; the whole row sits in registers (H <= 8192 for Qwen3).
     t, cols, mask, w, x = load_row(x_ptr, w_ptr, stride_x, H, BLOCK_H, PDL)
     dtype = x.dtype
     s = x.to(tl.float32)
@@ -46,10 +40,7 @@ def _rms_norm_kernel(
         r = tl.load(res_ptr + t * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         s = (s + r).to(dtype).to(tl.float32)  # rounded like a model-dtype add
         tl.store(res_out_ptr + t * stride_ro + cols, s.to(dtype), mask=mask)
-    o = norm_row(s, w, H, eps, dtype)
-    tl.store(out_ptr + t * stride_o + cols, o, mask=mask)
-    if XQ:
-        write_xq(o, xq_ptr, xs_ptr, xsum_ptr, H, BLOCK_H)
+    tl.store(out_ptr + t * stride_o + cols, norm_row(s, w, H, eps, dtype), mask=mask)
 
 
 @triton.jit
@@ -80,11 +71,7 @@ def row_launch(H: int) -> tuple[int, int]:
     return block_h, min(16, max(1, block_h // 256))
 
 
-def check_norm_args(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, xq: tuple | None = None
-) -> None:
-    if xq is not None and (x.shape[0] != 1 or xq[0].numel() * 2 != x.shape[-1]):
-        raise ValueError(f"rms_norm: xq takes one row of new_xq({x.shape[-1]}), x {tuple(x.shape)}")
+def check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
     if x.dim() != 2 or weight.shape != (x.shape[1],):
         raise ValueError(
             f"rms_norm needs x [T, H] and weight [H], got {tuple(x.shape)} and "
@@ -98,14 +85,9 @@ def check_norm_args(
 
 
 def _rms_norm_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    xq: tuple | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ):
-    """xq: bits.new_xq buffers that take the output's int16 form too (one row only)."""
-    check_norm_args(x, weight, residual, xq)
+    check_norm_args(x, weight, residual)
     T, H = x.shape
     if (
         x.stride(-1) != 1
@@ -131,10 +113,8 @@ def _rms_norm_op(
         residual.stride(0) if residual is not None else 0,
         out.stride(0),
         res_out.stride(0),
-        *((xq[0].view(torch.int16), *xq[1:]) if xq is not None else (out, out, out)),
         BLOCK_H=block_h,
         HAS_RESIDUAL=residual is not None,
-        XQ=xq is not None,
         num_warps=num_warps,
         PDL=bool(pdl),
         **pdl,
@@ -143,19 +123,12 @@ def _rms_norm_op(
 
 
 def rms_norm_ref(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    xq: tuple | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ):
-    check_norm_args(x, weight, residual, xq)
+    check_norm_args(x, weight, residual)
     s = x if residual is None else (x + residual).to(x.dtype)
     h = s.float() * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + eps)
     out = (h.to(x.dtype).float() * weight.float()).to(x.dtype)
-    if xq is not None:
-        for buf, ref in zip(xq, xq_ref(out[0])):
-            buf.copy_(ref)
     return out if residual is None else (out, s)
 
 

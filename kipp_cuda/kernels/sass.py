@@ -37,9 +37,6 @@ AFFINE_SIG = dict(
     stride_wn="i32",
     stride_sn="i32",
     stride_bn="i32",
-    xq_ptr="*i32",
-    xs_ptr="*fp32",
-    xsum_ptr="*fp32",
 )
 
 

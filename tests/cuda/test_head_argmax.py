@@ -311,7 +311,7 @@ head = dict(out_ptr="*fp32", key_ptr="*i64")
 q = dict(BLOCK_N=16, BLOCK_G=64, PDL=True, ASM=True, PREFETCH=False, INT_X=False, SWIGLU=False)
 dense = dict(x_ptr="*bf16", w_ptr="*bf16", part_ptr="*fp32", lock_ptr="*i32", N="i32", K="i32",
              k_per_split="i32", stride_wn="i32", **head)
-affine = dict(q, SPLIT_K=1, BITS=4, GROUP=32, XQ=False)
+affine = dict(q, SPLIT_K=1, BITS=4, GROUP=32)
 for name, fn, sig, consts in (
     ("q8_0", qg._q8_0_gemv_kernel, {**Q8_SIG, **head}, dict(q, SPLIT_K=3)),
     ("affine4", ag._affine_gemv_kernel, {**AFFINE_SIG, **head}, affine),

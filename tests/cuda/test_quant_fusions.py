@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import affine_matmul as am
@@ -16,8 +14,6 @@ from kipp_cuda.kernels import embedding as emb
 from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels import swiglu as sw
-from kipp_cuda.kernels.bits import new_xq, quant_x16, xq_ref
-from kipp_cuda.kernels.rms_norm import _rms_norm_op, rms_norm_ref
 from tests.cuda.kernel_testing import (
     DEV,
     DTYPES,
@@ -147,84 +143,3 @@ def test_embeddings_take_flagged_rows_from_last(dtype):
         emb.dense_embedding(ids, w, take_last=(flags[:2], last))
     with pytest.raises(ValueError, match="take_last ids"):
         emb.q8_0_embedding(ids, qs, d, take_last=(flags, last.float()))
-
-
-@triton.jit
-def _quant_x16_kernel(x_ptr, w_ptr, s_ptr, t_ptr, ASM: tl.constexpr):
-    g = tl.program_id(0)
-    one = tl.zeros([1], tl.int32)
-    words, xs, total = quant_x16(x_ptr, g * 32 + one, True, ASM)
-    for p in tl.static_range(16):
-        tl.store(w_ptr + g * 16 + p + one, words[p])
-    tl.store(s_ptr + g + one, xs)
-    tl.store(t_ptr + g + one, total)
-
-
-def _quant_x16_words(x):
-    """bits.quant_x16's (words, xs, sum) of every group of one row x [K], by a Triton kernel
-    (interpreted on CPU): the reference that write_xq must equal."""
-    G = x.shape[-1] // 32
-    out = (
-        torch.empty(G * 16, dtype=torch.int32, device=x.device),
-        torch.empty(G, device=x.device),
-        torch.empty(G, device=x.device),
-    )
-    _quant_x16_kernel[(G,)](x.reshape(-1), *out, ASM=x.is_cuda)
-    return out
-
-
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_rms_norm_writes_the_int16_x_of_quant_x16(residual):
-    """rms_norm(xq=...) (one row) writes what every affine GEMV program would make of its output
-    (bits.quant_x16): the same words and scales, the group sums within fp32 rounding; its torch
-    reference (bits.xq_ref) the same. A group of zeros has scale 0; a NaN makes the scales NaN (it
-    reaches the GEMV's output instead of vanishing)."""
-    H = 320
-    x = randn(1, H, dtype=torch.bfloat16, seed=51)
-    x[0, 64:96] = 0.0  # group 2: zeros
-    w = randn(H, dtype=torch.bfloat16, seed=52)
-    r = randn(1, H, dtype=torch.bfloat16, seed=53) if residual else None
-    if residual:
-        r[0, 64:96] = 0.0
-    xq = new_xq(H, DEV)
-    out = _rms_norm_op(x, w, 1e-6, r, xq=xq)
-    h = out[0] if residual else out
-    assert torch.equal(h, _rms_norm_op(x, w, 1e-6, r)[0] if residual else _rms_norm_op(x, w, 1e-6))
-    words, xs, total = _quant_x16_words(h)
-    assert torch.equal(xq[0], words) and torch.equal(xq[1], xs)
-    assert xq[1][2] == 0 and torch.equal(xq[0][32:48], torch.zeros_like(xq[0][32:48]))
-    torch.testing.assert_close(xq[2], total, rtol=1e-6, atol=1e-6)
-    torch_words, torch_xs, torch_total = xq_ref(h[0])
-    assert torch.equal(torch_words, words) and torch.equal(torch_xs, xs)
-    torch.testing.assert_close(torch_total, total, rtol=1e-6, atol=1e-6)
-    ref = new_xq(H, DEV)
-    ref_out = rms_norm_ref(x, w, 1e-6, r, xq=ref)
-    for got, want in zip(ref, xq_ref((ref_out[0] if residual else ref_out)[0])):
-        assert torch.equal(got, want)
-    x[0, 5] = float("nan")
-    _rms_norm_op(x, w, 1e-6, r, xq=xq)
-    assert xq[1].isnan().all()  # (the norm spreads it over the row)
-    with pytest.raises(ValueError, match="xq takes one row"):
-        _rms_norm_op(x.expand(2, H), w, 1e-6, xq=xq)
-
-
-@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
-def test_affine_gemv_reading_xq_equals_making_it(swiglu):
-    """affine_gemv with x's int16 form from rms_norm (xq) computes what its programs compute from
-    x: within fp32 rounding of the group sums (the only part that differs), on the int16-x
-    path; a config off that path ignores xq."""
-    N, K = 74, 320
-    x = randn(1, K, dtype=torch.bfloat16, seed=61)
-    xq = new_xq(K, DEV)
-    h = _rms_norm_op(x, randn(K, dtype=torch.bfloat16, seed=62), 1e-6, xq=xq)
-    wq, s, b, _ = affine_weights(N, K, 4, 32, seed=63, sdtype=torch.bfloat16)
-    for cfg in SWIGLU_CFGS.values():
-        cfg = {**cfg, "INT_X": True}
-        want = run(ag.affine_gemv, h, wq, s, b, 4, 32, cfg, swiglu=swiglu)
-        got = run(ag.affine_gemv, h, wq, s, b, 4, 32, cfg, swiglu=swiglu, xq=xq)
-        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
-        assert (got.float() - want.float()).abs().max() <= 2**-6 * want.float().abs().max()
-        assert (got == want).float().mean() > 0.9  # most outputs round to the same bits
-    off = {**SWIGLU_CFGS["one-tile"], "INT_X": False}
-    plain = run(ag.affine_gemv, h, wq, s, b, 4, 32, off)
-    assert torch.equal(run(ag.affine_gemv, h, wq, s, b, 4, 32, off, xq=xq), plain)
