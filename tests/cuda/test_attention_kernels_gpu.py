@@ -218,13 +218,18 @@ def test_gpu_prefill_16k_and_kv_write():
 
 @gpu
 def test_gpu_attention_bench_cases_match_their_references():
-    # `kipp bench --kernels` times these (attention_bench.py, found by kernels.bench through its
-    # bench_specs; the attention modules themselves have none since 3495dd8, which this test's
-    # old form still called): each case equals its torch reference.
+    # `kipp bench --kernels` times these (kernels.bench finds them by bench_specs: kv_write's,
+    # and the attention kernels' in attention_bench.py since 3495dd8; this test's old form still
+    # called decode_attention.bench_specs): each attention case equals its torch reference, and
+    # kv_write's cases (which write caches) run.
     from kipp_cuda.kernels.bench import spec_modules
 
-    assert attention_bench in spec_modules()
+    assert {attention_bench, kvw} <= set(spec_modules())
     specs = attention_bench.bench_specs()
     assert len(specs) == 10 and all(s["bytes"] > 0 and s["flops"] > 0 for s in specs)
     for spec in specs:
         assert_close(spec["fn"](), spec["ref"](), torch.bfloat16)
+    for spec in kvw.bench_specs():
+        spec["fn"]()
+        assert spec["bytes"] > 0
+    torch.cuda.synchronize()
