@@ -15,6 +15,7 @@ from torch import nn
 
 from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
+from kipp_cuda.kernels.embedding import take_last_ids
 from kipp_cuda.kernels.head_argmax import finish_argmax, new_argmax_keys
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
 from kipp_cuda.layers import embed, swiglu_mlp
@@ -92,10 +93,7 @@ class Qwen3Model(nn.Module):
         layers.embed's."""
         if self.tp_size == 1:
             return embed(self.embed_tokens, input_ids, self.dtype, take_last)
-        if take_last is not None:
-            flags, last = take_last
-            n = input_ids.shape[0]
-            input_ids = torch.where(flags[:n] != 0, last[:n], input_ids)
+        input_ids = take_last_ids(input_ids, take_last)
         # Vocabulary-parallel: each rank holds rows [lo, lo + n); others contribute zeros.
         lo = self.tp_rank * self.vocab_per_rank
         local = input_ids - lo

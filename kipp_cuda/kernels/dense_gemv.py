@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.head_argmax import check_head, head_ref
+from kipp_cuda.kernels.head_argmax import check_head, head_out, head_ref
 from kipp_cuda.kernels.matmul_tiles import _TL, gemv_launch, interpreting, num_sms, store_row
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
@@ -124,7 +124,7 @@ def _dense_gemv_op(
     N = w.shape[0]
     x = x.contiguous()
     head = head_keys is not None
-    out = torch.empty((1, N), dtype=torch.float32 if head else x.dtype, device=x.device)
+    out = head_out(None, N, x) if head else torch.empty((1, N), dtype=x.dtype, device=x.device)
     if N == 0:
         return out
     cfg = config or gemv_config(N, K, x.device)
@@ -167,9 +167,7 @@ def dense_gemv_ref(
         from kipp_cuda.kernels.swiglu import silu_and_mul_ref
 
         x = silu_and_mul_ref(x)
-    out = torch.nn.functional.linear(x, w)
-    out = head_ref(out, head_keys)
-    return out
+    return head_ref(torch.nn.functional.linear(x, w), head_keys)
 
 
 dense_gemv = dispatch("dense_gemv", _dense_gemv_op, dense_gemv_ref)

@@ -85,8 +85,9 @@ def _check(ids: torch.Tensor, take_last) -> None:
             raise ValueError(f"{name} must be an integer [>= T] tensor, got {t.dtype} {t.shape}")
 
 
-def _resolve(ids: torch.Tensor, take_last) -> torch.Tensor:
-    """ids with take_last applied (the references' way)."""
+def take_last_ids(ids: torch.Tensor, take_last) -> torch.Tensor:
+    """ids with take_last applied, in torch (the references' way, and the vocabulary-parallel
+    embedding's)."""
     _check(ids, take_last)
     if take_last is None:
         return ids
@@ -136,7 +137,7 @@ def _dense_embedding_op(ids, w, dtype=None, take_last=None) -> torch.Tensor:
 
 def dense_embedding_ref(ids, w, dtype=None, take_last=None) -> torch.Tensor:
     """Rows `ids` [T] of a dense table w [V, K]: [T, K] in dtype (w's by default)."""
-    ids = _resolve(ids, take_last)
+    ids = take_last_ids(ids, take_last)
     return torch.nn.functional.embedding(ids, w).to(dtype or w.dtype)
 
 
@@ -147,7 +148,7 @@ def _q8_0_embedding_op(ids, qs, d, dtype=torch.float32, take_last=None) -> torch
 
 def q8_0_embedding_ref(ids, qs, d, dtype=torch.float32, take_last=None) -> torch.Tensor:
     """Rows `ids` [T] of a q8_0 table (qs int8 [V, K], d fp16 [V, K / 32]): [T, K] in dtype."""
-    ids = _resolve(ids, take_last)
+    ids = take_last_ids(ids, take_last)
     return dequantize_q8_0_ref(qs[ids], d[ids]).to(dtype)
 
 
@@ -164,7 +165,7 @@ def affine_embedding_ref(
 ):
     """Rows `ids` [T] of an affine table (wq int32 words, scales and biases [V, K / group_size]):
     [T, K] in dtype."""
-    ids = _resolve(ids, take_last)
+    ids = take_last_ids(ids, take_last)
     return dequantize_affine_ref(wq[ids], scales[ids], biases[ids], bits, group_size).to(dtype)
 
 
