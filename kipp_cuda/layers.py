@@ -11,7 +11,6 @@ from kipp_cuda.kernels.affine_matmul import affine_matmul
 from kipp_cuda.kernels.dense_gemv import dense_gemv
 from kipp_cuda.kernels.embedding import affine_embedding, dense_embedding, q8_0_embedding
 from kipp_cuda.kernels.head_argmax import check_head, head_ref
-from kipp_cuda.kernels.norm_fold import Fold, Folded
 from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
 from kipp_cuda.kernels.swiglu import silu_and_mul
 
@@ -26,21 +25,11 @@ class DenseLinear(nn.Module):
         return self.weight.shape[0]
 
     def forward(
-        self,
-        x: torch.Tensor | Folded,
-        act: bool = False,
-        head_keys: torch.Tensor | None = None,
-        fold: Fold | None = None,
-    ) -> torch.Tensor | Folded:
+        self, x: torch.Tensor, act: bool = False, head_keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x [T, in], or with act=True a gate_up output [T, 2 in] taken through SwiGLU first.
         head_keys (T = 1, the vocabulary head; kernels/head_argmax.py): fp32 logits, and the
-        running argmax key in head_keys[0] for finish_argmax. One row only (the model checks
-        norm_fold.fold_enabled): x may be a Folded norm output, and fold folds the residual add
-        and the next norm into the output, a Folded (kernels/norm_fold.py)."""
-        if isinstance(x, Folded) or fold is not None:
-            norm = x if isinstance(x, Folded) else None
-            x = x.xw if norm is not None else x
-            return dense_gemv(x, self.weight, act, head_keys=head_keys, fold=fold, norm=norm)
+        running argmax key in head_keys[0] for finish_argmax."""
         check_head(head_keys, x.shape[0], act)
         if x.shape[0] == 1 and x.is_cuda:  # decode: a streaming GEMV beats cuBLAS at M = 1
             # SwiGLU fused into the GEMV's input; head mode into its epilogue
@@ -54,20 +43,16 @@ class _QuantLinear(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor | Folded,
+        x: torch.Tensor,
         act: bool = False,
         swiglu: bool = False,
         head_keys: torch.Tensor | None = None,
-        fold: Fold | None = None,
-    ) -> torch.Tensor | Folded:
+    ) -> torch.Tensor:
         """act: x is a gate_up output taken through SwiGLU first; swiglu: this is gate_up and
-        returns SwiGLU of its output (swiglu_mlp); head_keys, a Folded x and fold as
-        DenseLinear's."""
-        norm = x if isinstance(x, Folded) else None
-        x = x.xw if norm is not None else x
+        returns SwiGLU of its output (swiglu_mlp); head_keys as DenseLinear's."""
         check_head(head_keys, x.shape[0], act or swiglu)
         x = silu_and_mul(x) if act else x
-        return self._matmul(x, swiglu, head_keys, fold=fold, norm=norm)
+        return self._matmul(x, swiglu, head_keys)
 
 
 class Q8Linear(_QuantLinear):
@@ -80,8 +65,8 @@ class Q8Linear(_QuantLinear):
     def out_features(self) -> int:
         return self.qs.shape[0]
 
-    def _matmul(self, x, swiglu, head_keys, **fold):
-        return q8_0_matmul(x, self.qs, self.scales, swiglu=swiglu, head_keys=head_keys, **fold)
+    def _matmul(self, x, swiglu, head_keys):
+        return q8_0_matmul(x, self.qs, self.scales, swiglu=swiglu, head_keys=head_keys)
 
 
 class AffineLinear(_QuantLinear):
@@ -103,22 +88,19 @@ class AffineLinear(_QuantLinear):
     def out_features(self) -> int:
         return self.wq.shape[0]
 
-    def _matmul(self, x, swiglu, head_keys, **fold):
+    def _matmul(self, x, swiglu, head_keys):
         w = (self.wq, self.scales, self.biases, self.bits, self.group_size)
-        return affine_matmul(x, *w, swiglu=swiglu, head_keys=head_keys, **fold)
+        return affine_matmul(x, *w, swiglu=swiglu, head_keys=head_keys)
 
 
-def swiglu_mlp(
-    gate_up: nn.Module, down: nn.Module, h: torch.Tensor | Folded, fold: Fold | None = None
-) -> torch.Tensor | Folded:
+def swiglu_mlp(gate_up: nn.Module, down: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """down(silu(gate) * up) with gate, up = gate_up(h) (gate_up's rows: gate, then up). At T = 1
     SwiGLU rides in a GEMV: the dense down GEMV's reads of x, and the quantized gate_up GEMV's
     epilogue. A quantized GEMV cannot take it in its reads of x cheaply: each of its programs
-    would recompute every exp (0.44 ms an 8B q8_0 step, BENCHMARKS.md, seventh session). h may
-    be Folded and fold folds the next norm into down (kernels/norm_fold.py)."""
+    would recompute every exp (0.44 ms an 8B q8_0 step, BENCHMARKS.md, seventh session)."""
     if isinstance(gate_up, DenseLinear):
-        return down(gate_up(h), act=True, fold=fold)
-    return down(gate_up(h, swiglu=True), fold=fold)
+        return down(gate_up(h), act=True)
+    return down(gate_up(h, swiglu=True))
 
 
 def make_linear(parts: dict[str, torch.Tensor], scheme: str | None) -> nn.Module:

@@ -17,7 +17,6 @@ from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
 from kipp_cuda.kernels.embedding import take_last_ids
 from kipp_cuda.kernels.head_argmax import finish_argmax, new_argmax_keys
-from kipp_cuda.kernels.norm_fold import Fold, Folded, fold_enabled
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
 from kipp_cuda.layers import embed, swiglu_mlp
 from kipp_cuda.tp_reduce import TPReduce
@@ -43,39 +42,17 @@ class Qwen3Layer(nn.Module):
         for name, w in norms.items():  # input_layernorm, post_attention_layernorm, q_norm, k_norm
             self.register_buffer(name, w)
 
-    def forward(
-        self,
-        positions,
-        hidden,
-        residual,
-        kv: LayerKV,
-        meta: AttentionMetadata,
-        cos_sin,
-        next_norm: torch.Tensor | None = None,
-    ):
+    def forward(self, positions, hidden, residual, kv: LayerKV, meta: AttentionMetadata, cos_sin):
         # hidden: this rank's partial of the layer input (the embedding or the previous layer's
-        # down_proj output), all-reduced here with the residual add and the input norm; or, for
-        # one token at TP = 1, the previous down_proj's Folded output (kernels/norm_fold.py: the
-        # norm rides in the GEMVs on either side of it). next_norm: the next layer's input norm
-        # weight, which this layer's down_proj then folds in.
-        if isinstance(hidden, Folded):
-            h, residual = hidden, hidden.residual
-        else:
-            h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
+        # down_proj output), all-reduced here with the residual add and the input norm
+        h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
         T = h.shape[0]
         q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
-        a = attention(q, kv, meta, self.head_dim**-0.5).reshape(T, -1)
-        fold = self.tp.world == 1 and fold_enabled(a)
-        if fold:
-            h = self.o_proj(a, fold=Fold(residual, self.post_attention_layernorm, self.eps))
-            residual = h.residual
-        else:
-            h, residual = self.tp.reduce_norm(
-                self.o_proj(a), residual, self.post_attention_layernorm, self.eps
-            )
-        nxt = Fold(residual, next_norm, self.eps) if fold and next_norm is not None else None
-        out = swiglu_mlp(self.gate_up_proj, self.down_proj, h, nxt)
-        return out, out.residual if nxt is not None else residual
+        a = attention(q, kv, meta, self.head_dim**-0.5)
+        h, residual = self.tp.reduce_norm(
+            self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
+        )
+        return swiglu_mlp(self.gate_up_proj, self.down_proj, h), residual
 
 
 class Qwen3Model(nn.Module):
@@ -137,9 +114,8 @@ class Qwen3Model(nn.Module):
         self.tp.begin()
         hidden = self.embed(input_ids, take_last)
         residual = None
-        norms = [layer.input_layernorm for layer in self.layers[1:]] + [None]
-        for layer, kv, next_norm in zip(self.layers, kv_caches, norms):
-            hidden, residual = layer(positions, hidden, residual, kv, meta, self.cos_sin, next_norm)
+        for layer, kv in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv, meta, self.cos_sin)
         h, _ = self.tp.reduce_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return h
 

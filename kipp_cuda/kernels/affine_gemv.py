@@ -36,14 +36,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     swiglu_config,
     tile_rows,
 )
-from kipp_cuda.kernels.norm_fold import (
-    Fold,
-    Folded,
-    check_fold,
-    fold_launch,
-    fold_scale,
-    fold_sums,
-)
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -68,13 +60,6 @@ def _affine_gemv_kernel(
     part_ptr,
     lock_ptr,
     key_ptr,
-    res_ptr,
-    nw_ptr,
-    xw_ptr,
-    sq_ptr,
-    sqin_ptr,
-    num_sq,
-    eps,
     N,
     num_groups,
     groups_per_split,
@@ -93,9 +78,6 @@ def _affine_gemv_kernel(
     SWIGLU: tl.constexpr,
     HEAD: tl.constexpr,
     ROUND: tl.constexpr,
-    RESID: tl.constexpr,
-    NORM: tl.constexpr,
-    BLOCK_SQ: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -117,8 +99,6 @@ def _affine_gemv_kernel(
         )
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    if NORM:  # the norm's partial sums, read now and summed after the K loop
-        sq = fold_sums(sqin_ptr, num_sq, BLOCK_SQ)
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
             nw, ns, nb = _affine_gemv_tile(
@@ -157,11 +137,9 @@ def _affine_gemv_kernel(
             )
         if PREFETCH:
             w, s, b = nw, ns, nb
-    if NORM:  # x is the norm's s * w: scale by its r (norm_fold.py)
-        acc = acc * fold_scale(sq, num_groups * GROUP, eps)
     store_row(
         acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
-        HEAD, key_ptr, ROUND, RESID, res_ptr, nw_ptr, xw_ptr, sq_ptr,
+        HEAD, key_ptr, ROUND,
     )  # fmt: skip
 
 
@@ -249,17 +227,13 @@ def affine_gemv(
     asm: bool | None = None,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
     wq holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows).
-    head_keys: fp32 logits and the running argmax key, as q8_0_gemv's; fold and norm as
-    dense_gemv's (norm_fold.py)."""
+    head_keys: fp32 logits and the running argmax key, as q8_0_gemv's."""
     N, K = wq.shape[0], x.shape[1]
     check_head(head_keys, x.shape[0], swiglu)
-    check_fold(fold, norm, N, K, x)
     if head_keys is not None:
         out = head_out(out, N, x)
     elif out is None:
@@ -270,7 +244,6 @@ def affine_gemv(
     if wq.stride(0) % 4 or wq.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         wq = wq.clone()
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
-    fold_kw, folded = fold_launch(fold, norm, grid[0], out)
     pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](
         x,
@@ -281,12 +254,12 @@ def affine_gemv(
         part,
         locks,
         head_keys,
-        N=N,
-        num_groups=num_groups,
-        groups_per_split=per_split,
-        stride_wn=wq.stride(0),
-        stride_sn=scales.stride(0),
-        stride_bn=biases.stride(0),
+        N,
+        num_groups,
+        per_split,
+        wq.stride(0),
+        scales.stride(0),
+        biases.stride(0),
         BITS=bits,
         GROUP=group_size,
         BLOCK_N=cfg["BLOCK_N"],
@@ -298,7 +271,6 @@ def affine_gemv(
         HEAD=head_keys is not None,
         ROUND=_TL[x.dtype] if head_keys is not None else None,
         **launch_options(cfg, x.dtype),
-        **fold_kw,
         **pdl,
     )
-    return out if folded is None else folded
+    return out

@@ -23,7 +23,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     store_tile,
     tile_ids,
 )
-from kipp_cuda.kernels.norm_fold import Fold, Folded, fold_ref, norm_ref
 from kipp_cuda.kernels.q8_0_matmul import _MAGIC, GEMV_MAX_T, matmul_config, rotate
 from kipp_cuda.kernels.swiglu import silu_and_mul, silu_and_mul_ref
 
@@ -196,12 +195,9 @@ def _affine_matmul_op(
     group_size: int,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     """x [T, K] @ dequant(wq, scales, biases)^T -> [T, N]; swiglu and head_keys as q8_0_matmul's
-    (SwiGLU of gate and up rows, or fp32 logits and an argmax key, in the GEMV's epilogue); fold
-    and norm (T = 1) as dense_gemv's."""
+    (SwiGLU of gate and up rows, or fp32 logits and an argmax key, in the GEMV's epilogue)."""
     _check(x, wq, scales, biases, bits, group_size, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
     if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
@@ -210,11 +206,10 @@ def _affine_matmul_op(
         wq = wq.view(torch.int32)
     T, K = x.shape
     N = wq.shape[0]
-    if (fold is not None or norm is not None) and T != 1:
-        raise ValueError(f"affine_matmul: fold and norm take one row, got T = {T}")
     if 0 < T <= GEMV_MAX_T and N and K:
-        w = (wq, scales, biases, bits, group_size)
-        return affine_gemv(x, *w, swiglu=swiglu, head_keys=head_keys, fold=fold, norm=norm)
+        return affine_gemv(
+            x, wq, scales, biases, bits, group_size, swiglu=swiglu, head_keys=head_keys
+        )
     out = _affine_product(x, wq, scales, biases, bits, group_size)
     out = head_ref(out, head_keys)  # (N or K = 0)
     return silu_and_mul(out) if swiglu else out
@@ -287,18 +282,13 @@ def affine_matmul_ref(
     group_size: int,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     _check(x, wq, scales, biases, bits, group_size, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
-    if norm is not None:
-        x = norm_ref(norm)
     w = dequantize_affine_ref(wq, scales, biases, bits, group_size)
     out = (x.float() @ w.T).to(x.dtype)
     out = head_ref(out, head_keys)
-    out = silu_and_mul_ref(out) if swiglu else out
-    return out if fold is None else fold_ref(out, fold)
+    return silu_and_mul_ref(out) if swiglu else out
 
 
 affine_matmul = dispatch("affine_matmul", _affine_matmul_op, affine_matmul_ref)

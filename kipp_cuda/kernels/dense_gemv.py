@@ -19,16 +19,6 @@ import triton.language as tl
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.head_argmax import check_head, head_out, head_ref
 from kipp_cuda.kernels.matmul_tiles import _TL, gemv_launch, interpreting, num_sms, store_row
-from kipp_cuda.kernels.norm_fold import (
-    Fold,
-    Folded,
-    check_fold,
-    fold_launch,
-    fold_ref,
-    fold_scale,
-    fold_sums,
-    norm_ref,
-)
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -51,13 +41,6 @@ def _dense_gemv_kernel(
     part_ptr,
     lock_ptr,
     key_ptr,
-    res_ptr,
-    nw_ptr,
-    xw_ptr,
-    sq_ptr,
-    sqin_ptr,
-    num_sq,
-    eps,
     N,
     K,
     k_per_split,
@@ -69,9 +52,6 @@ def _dense_gemv_kernel(
     PDL: tl.constexpr,
     HEAD: tl.constexpr,
     ROUND: tl.constexpr,
-    RESID: tl.constexpr,
-    NORM: tl.constexpr,
-    BLOCK_SQ: tl.constexpr,
 ):
     # w: [N, K] row-major. Program (row block, K split): rows rn, K range [k_start, k_end).
     pdl_trigger(PDL)
@@ -86,8 +66,6 @@ def _dense_gemv_kernel(
     w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & (rk < k_end)[None, :], other=0.0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    if NORM:  # the norm's partial sums, read now and summed after the K loop
-        sq = fold_sums(sqin_ptr, num_sq, BLOCK_SQ)
     for k0 in range(k_start, k_end, BLOCK_K):
         # Issue the next step's weight loads before this step's math: two steps in flight.
         nk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
@@ -96,11 +74,9 @@ def _dense_gemv_kernel(
         x = _gemv_x(x_ptr, rk, rk < k_end, K, ACT)
         acc += w.to(tl.float32) * x[None, :]
         w = nw
-    if NORM:  # x is the norm's s * w: scale by its r (norm_fold.py)
-        acc = acc * fold_scale(sq, K, eps)
     store_row(
         acc, out_ptr, part_ptr, lock_ptr, rn, N, pid_n, pid_k, BLOCK_N, SPLIT_K, False,
-        HEAD, key_ptr, ROUND, RESID, res_ptr, nw_ptr, xw_ptr, sq_ptr,
+        HEAD, key_ptr, ROUND,
     )  # fmt: skip
 
 
@@ -132,14 +108,10 @@ def _dense_gemv_op(
     act: bool = False,
     config: dict | None = None,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     """x [1, K] (or [1, 2K] gate_up with act=True), w [N, K] -> [1, N] in x.dtype. head_keys
     (head_argmax.py; not with act): fp32 [1, N], the bits of the plain call's .float(), and
-    head_keys[0] takes the running argmax key (finish_argmax reads it). norm_fold.py: with fold
-    the result is a Folded (the residual add and the next norm folded in); with norm, x is its
-    xw and the sums are scaled by its r."""
+    head_keys[0] takes the running argmax key (finish_argmax reads it)."""
     check_head(head_keys, x.shape[0] if x.dim() == 2 else -1, act)
     K = w.shape[1] if w.dim() == 2 else -1
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != (2 * K if act else K):
@@ -150,15 +122,13 @@ def _dense_gemv_op(
     if w.stride(1) != 1:
         raise ValueError("dense_gemv needs w with a contiguous K dimension")
     N = w.shape[0]
-    check_fold(fold, norm, N, K, x)
     x = x.contiguous()
     head = head_keys is not None
     out = head_out(None, N, x) if head else torch.empty((1, N), dtype=x.dtype, device=x.device)
+    if N == 0:
+        return out
     cfg = config or gemv_config(N, K, x.device)
     grid, per_split, part, locks = gemv_launch(x.device, N, K, cfg, "BLOCK_K")
-    fold_kw, folded = fold_launch(fold, norm, grid[0], out)
-    if N == 0:
-        return out if folded is None else folded
     pdl = launch_kwargs(x.device)
     _dense_gemv_kernel[grid](
         x,
@@ -167,10 +137,10 @@ def _dense_gemv_op(
         part,
         locks,
         head_keys,
-        N=N,
-        K=K,
-        k_per_split=per_split,
-        stride_wn=w.stride(0),
+        N,
+        K,
+        per_split,
+        w.stride(0),
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"],
         SPLIT_K=cfg["SPLIT_K"],
@@ -180,10 +150,9 @@ def _dense_gemv_op(
         ROUND=_TL[x.dtype] if head else None,
         num_warps=cfg["num_warps"],
         num_stages=1,
-        **fold_kw,
         **pdl,
     )
-    return out if folded is None else folded
+    return out
 
 
 def dense_gemv_ref(
@@ -192,18 +161,13 @@ def dense_gemv_ref(
     act: bool = False,
     config: dict | None = None,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     check_head(head_keys, x.shape[0] if x.dim() == 2 else -1, act)
     if act:
         from kipp_cuda.kernels.swiglu import silu_and_mul_ref
 
         x = silu_and_mul_ref(x)
-    if norm is not None:
-        x = norm_ref(norm)
-    out = head_ref(torch.nn.functional.linear(x, w), head_keys)
-    return out if fold is None else fold_ref(out, fold)
+    return head_ref(torch.nn.functional.linear(x, w), head_keys)
 
 
 dense_gemv = dispatch("dense_gemv", _dense_gemv_op, dense_gemv_ref)

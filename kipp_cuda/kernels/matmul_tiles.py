@@ -11,7 +11,6 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels.head_argmax import max_keys
-from kipp_cuda.kernels.norm_fold import fold_write
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -36,23 +35,14 @@ def store_tile(
     HEAD: tl.constexpr = False,
     key_ptr=None,
     ROUND: tl.constexpr = None,
-    RESID: tl.constexpr = False,
-    res_ptr=None,
-    nw_ptr=None,
-    xw_ptr=None,
-    sq_ptr=None,
 ):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile of out (rows rm, columns rn). With SPLIT_K > 1 each
     split stores its partial; the last to arrive sums all SPLIT_K in order and writes out. SWIGLU
     (one row): the tile is BLOCK_N / 2 gate sums then their up sums, written as SwiGLU (_write).
     HEAD (head_argmax.py): out is fp32, the sums are rounded through ROUND (x's dtype) and each
-    row's best packed key is atomic_max'ed into key_ptr[row], once a tile. RESID (T = 1,
-    norm_fold.fold_write): out receives h + residual, and xw and tile's partial sum are written."""
+    row's best packed key is atomic_max'ed into key_ptr[row], once a tile."""
     if SPLIT_K == 1:
-        _write(
-            acc, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU, HEAD, key_ptr, ROUND, tile,
-            RESID, res_ptr, nw_ptr, xw_ptr, sq_ptr,
-        )  # fmt: skip
+        _write(acc, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU, HEAD, key_ptr, ROUND)
     else:
         # part: [num_tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32; lock: one zeroed int32 per tile.
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -65,16 +55,13 @@ def store_tile(
             for s in tl.static_range(SPLIT_K):
                 # .cg: read through L2; this SM's L1 may hold a stale copy from an earlier call.
                 total += tl.load(tile_part + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-            _write(
-                total, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU, HEAD, key_ptr, ROUND,
-                tile, RESID, res_ptr, nw_ptr, xw_ptr, sq_ptr,
-            )  # fmt: skip
+            _write(total, out_ptr, rm, rn, T, N, stride_ot, BLOCK_N, SWIGLU, HEAD, key_ptr, ROUND)
             tl.atomic_xchg(lock_ptr + tile, 0)  # re-armed for the next call
 
 
 @triton.jit
 def _write(
-    vals,
+    tile,
     out_ptr,
     rm,
     rn,
@@ -86,21 +73,13 @@ def _write(
     HEAD: tl.constexpr,
     key_ptr,
     ROUND: tl.constexpr,
-    tile,
-    RESID: tl.constexpr,
-    res_ptr,
-    nw_ptr,
-    xw_ptr,
-    sq_ptr,
 ):
     dtype = out_ptr.dtype.element_ty
-    if RESID:
-        fold_write(vals, rn, N, tile, res_ptr, nw_ptr, out_ptr, xw_ptr, sq_ptr)
-    elif SWIGLU:
+    if SWIGLU:
         # [1, BLOCK_N] -> (gate, up) [BLOCK_N / 2] each, both at output columns rn's halves;
         # rounded to the output dtype first and then as silu_and_mul (swiglu.py): the same bits
         # as the GEMV's output taken through that kernel
-        pairs = tl.trans(tl.reshape(vals.to(dtype).to(tl.float32), (2, BLOCK_N // 2)))
+        pairs = tl.trans(tl.reshape(tile.to(dtype).to(tl.float32), (2, BLOCK_N // 2)))
         g, u = tl.split(pairs)
         cols, _ = tl.split(tl.trans(tl.reshape(rn, (2, BLOCK_N // 2))))
         y = g / (1.0 + tl.exp(-g)) * u
@@ -109,11 +88,11 @@ def _write(
         mask = (rm < T)[:, None] & (rn < N)[None, :]
         out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
         if HEAD:  # fp32 out holding the bits of the dtype's output .float(); a key a row
-            vals = vals.to(ROUND).to(tl.float32)
+            vals = tile.to(ROUND).to(tl.float32)
             tl.store(out_ptrs, vals, mask=mask)
             tl.atomic_max(key_ptr + rm, max_keys(vals, rn, N), mask=rm < T, sem="relaxed")
         else:
-            tl.store(out_ptrs, vals.to(dtype), mask=mask)
+            tl.store(out_ptrs, tile.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -132,19 +111,14 @@ def store_row(
     HEAD: tl.constexpr = False,
     key_ptr=None,
     ROUND: tl.constexpr = None,
-    RESID: tl.constexpr = False,
-    res_ptr=None,
-    nw_ptr=None,
-    xw_ptr=None,
-    sq_ptr=None,
 ):
     """A one-token GEMV's [BLOCK_N, K step] fp32 products summed over K into out's row block rn
-    (store_tile's split-K protocol with one row; SWIGLU, HEAD and RESID as there, rn and N from
+    (store_tile's split-K protocol with one row; SWIGLU and HEAD as there, rn and N from
     tile_rows)."""
     out = tl.sum(acc, axis=1)[None, :]
     store_tile(
         out, out_ptr, part_ptr, lock_ptr, tl.arange(0, 1), rn, 1, N, 0, pid_n, pid_k, 1,
-        BLOCK_N, SPLIT_K, SWIGLU, HEAD, key_ptr, ROUND, RESID, res_ptr, nw_ptr, xw_ptr, sq_ptr,
+        BLOCK_N, SPLIT_K, SWIGLU, HEAD, key_ptr, ROUND,
     )  # fmt: skip
 
 

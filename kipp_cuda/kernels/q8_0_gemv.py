@@ -41,14 +41,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     swiglu_config,
     tile_rows,
 )
-from kipp_cuda.kernels.norm_fold import (
-    Fold,
-    Folded,
-    check_fold,
-    fold_launch,
-    fold_scale,
-    fold_sums,
-)
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.tuned import tuned_config
 
@@ -71,13 +63,6 @@ def _q8_0_gemv_kernel(
     part_ptr,
     lock_ptr,
     key_ptr,
-    res_ptr,
-    nw_ptr,
-    xw_ptr,
-    sq_ptr,
-    sqin_ptr,
-    num_sq,
-    eps,
     N,
     num_groups,
     groups_per_split,
@@ -93,9 +78,6 @@ def _q8_0_gemv_kernel(
     SWIGLU: tl.constexpr,
     HEAD: tl.constexpr,
     ROUND: tl.constexpr,
-    RESID: tl.constexpr,
-    NORM: tl.constexpr,
-    BLOCK_SQ: tl.constexpr,
 ):
     # One token (x: [K]). Program (row block, K split); element (n, g) of its [BLOCK_N, BLOCK_G]
     # tile is group g of row n, 8 words and a scale held by one thread, so the math needs no
@@ -114,8 +96,6 @@ def _q8_0_gemv_kernel(
         w, d = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g_start + rg, g_end - 1), ASM)
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    if NORM:  # the norm's partial sums, read now and summed after the K loop
-        sq = fold_sums(sqin_ptr, num_sq, BLOCK_SQ)
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
             nw, nd = _q8_0_gemv_tile(w_rows, d_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), ASM)
@@ -141,11 +121,9 @@ def _q8_0_gemv_kernel(
         acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
         if PREFETCH:
             w, d = nw, nd
-    if NORM:  # x is the norm's s * w: scale by its r (norm_fold.py)
-        acc = acc * fold_scale(sq, num_groups * 32, eps)
     store_row(
         acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
-        HEAD, key_ptr, ROUND, RESID, res_ptr, nw_ptr, xw_ptr, sq_ptr,
+        HEAD, key_ptr, ROUND,
     )  # fmt: skip
 
 
@@ -177,18 +155,14 @@ def q8_0_gemv(
     asm: bool | None = None,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     """The T = 1 launch of q8_0_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
     qs holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows).
     head_keys (head_argmax.py): out is fp32 [1, N], the bits of the plain call's .float(), and
-    head_keys[0] takes the running argmax key (finish_argmax reads it). fold and norm as
-    dense_gemv's (norm_fold.py)."""
+    head_keys[0] takes the running argmax key (finish_argmax reads it)."""
     N, K = qs.shape
     check_head(head_keys, x.shape[0], swiglu)
-    check_fold(fold, norm, N, K, x)
     if head_keys is not None:
         out = head_out(out, N, x)
     elif out is None:
@@ -196,7 +170,6 @@ def q8_0_gemv(
     num_groups = K // QK8_0
     cfg = swiglu_config(config or gemv_config(N, num_groups, x.device), swiglu)
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
-    fold_kw, folded = fold_launch(fold, norm, grid[0], out)
     if qs.stride(0) % 16 or qs.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         qs = qs.clone()
     x = aligned_x(x)
@@ -209,11 +182,11 @@ def q8_0_gemv(
         part,
         locks,
         head_keys,
-        N=N,
-        num_groups=num_groups,
-        groups_per_split=per_split,
-        stride_qn=qs.stride(0) // 4,
-        stride_dn=d.stride(0),
+        N,
+        num_groups,
+        per_split,
+        qs.stride(0) // 4,
+        d.stride(0),
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_G=cfg["BLOCK_G"],
         SPLIT_K=cfg["SPLIT_K"],
@@ -223,7 +196,6 @@ def q8_0_gemv(
         HEAD=head_keys is not None,
         ROUND=_TL[x.dtype] if head_keys is not None else None,
         **launch_options(cfg, x.dtype),
-        **fold_kw,
         **pdl,
     )
-    return out if folded is None else folded
+    return out

@@ -31,7 +31,6 @@ from kipp_cuda.kernels.matmul_tiles import (
     store_tile,
     tile_ids,
 )
-from kipp_cuda.kernels.norm_fold import Fold, Folded, fold_ref, norm_ref
 from kipp_cuda.kernels.q8_0_gemv import q8_0_gemv
 from kipp_cuda.kernels.swiglu import silu_and_mul, silu_and_mul_ref
 
@@ -189,23 +188,18 @@ def _q8_0_matmul_op(
     d: torch.Tensor,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     """x [T, K] @ dequant(qs, d)^T -> [T, N]. swiglu: qs holds gate then up rows (a gate_up_proj)
     and the result is their SwiGLU [T, N / 2]; the one-token GEMV computes it in its epilogue.
-    head_keys (T = 1 only; head_argmax.py): fp32 logits [1, N] and the running argmax key. fold
-    and norm (T = 1): dense_gemv's."""
+    head_keys (T = 1 only; head_argmax.py): fp32 logits [1, N] and the running argmax key."""
     _check(x, qs, d, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
     if x.stride(1) != 1 or qs.stride(1) != 1 or d.stride(1) != 1:
         raise ValueError("q8_0_matmul needs x, qs and d with the last dimension contiguous")
     T, K = x.shape
     N = qs.shape[0]
-    if (fold is not None or norm is not None) and T != 1:
-        raise ValueError(f"q8_0_matmul: fold and norm take one row, got T = {T}")
     if 0 < T <= GEMV_MAX_T and N and K:
-        return q8_0_gemv(x, qs, d, swiglu=swiglu, head_keys=head_keys, fold=fold, norm=norm)
+        return q8_0_gemv(x, qs, d, swiglu=swiglu, head_keys=head_keys)
     out = _q8_0_product(x, qs, d)
     out = head_ref(out, head_keys)  # (N or K = 0)
     return silu_and_mul(out) if swiglu else out
@@ -265,17 +259,12 @@ def q8_0_matmul_ref(
     d: torch.Tensor,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    fold: Fold | None = None,
-    norm: Folded | None = None,
-) -> torch.Tensor | Folded:
+) -> torch.Tensor:
     _check(x, qs, d, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
-    if norm is not None:
-        x = norm_ref(norm)
     out = (x.float() @ dequantize_q8_0_ref(qs, d).T).to(x.dtype)
     out = head_ref(out, head_keys)
-    out = silu_and_mul_ref(out) if swiglu else out
-    return out if fold is None else fold_ref(out, fold)
+    return silu_and_mul_ref(out) if swiglu else out
 
 
 q8_0_matmul = dispatch("q8_0_matmul", _q8_0_matmul_op, q8_0_matmul_ref)
