@@ -41,9 +41,6 @@
 #   s14d    the last call: the whole GPU suite (tests/cuda, tests/conformance; not MLX; names
 #           logged as they finish), the 16,384-token 8B prefill, the 0.6B targets with the
 #           transformers peer
-#   s15a    fifteenth session, first call: the norm fold's GPU tests (kernels/norm_fold.py), the
-#           8B decode step with the fold on and off (step_ablation.py), 8B decode with it on
-#           (bf16, q8_0, affine4) and off (q8_0, affine4) on the same machine
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -522,19 +519,6 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
-  ;;
-s15a)  # fifteenth session, first call: see the header
-  step "GPU tests: norm fold, quantized fusions, int16-x model"
-  timeout 150 python -m pytest -v -p no:cacheprovider -n 8 --timeout 140 -rf --tb=short \
-    tests/cuda/test_norm_fold.py tests/cuda/test_quant_fusions.py tests/cuda/test_backend.py \
-    -k "not tensor_parallel" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s15a.log" \
-    | grep -E "FAILED|^E |passed|failed" | head -30
-  step "8B decode step, norm fold on / off"
-  timeout 200 python scripts/step_ablation.py --quants none,q8_0,affine4 \
-    --variants "full,env:KIPP_CUDA_NORM_FOLD=0,env:KIPP_CUDA_NORM_FOLD=1" 2>&1 | grep -vE "Warn|warn" \
-    | tee "$OUT/ablation_s15a.log" | tail -8
-  decode8 b8fold 75
-  KIPP_CUDA_NORM_FOLD=0 QUANTS="q8_0 affine4" decode8 b8nofold 75
   ;;
 s14a)  # fourteenth session, first call: see the header
   step "GPU tests: decode attention (names as they finish)"

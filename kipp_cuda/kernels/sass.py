@@ -18,9 +18,6 @@ from triton.compiler import ASTSource
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 _COMMON = dict(x_ptr="*bf16", out_ptr="*bf16", part_ptr="*fp32", lock_ptr="*i32", N="i32")
-# the norm fold's pointers and scalars (norm_fold.py); constexpr RESID / NORM pick whether used
-_COMMON.update(res_ptr="*bf16", nw_ptr="*bf16", xw_ptr="*bf16", sq_ptr="*fp32", sqin_ptr="*fp32")
-_COMMON.update(num_sq="i32", eps="fp32")
 Q8_SIG = dict(
     _COMMON,
     qw_ptr="*i32",
