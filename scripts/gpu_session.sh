@@ -41,6 +41,9 @@
 #   s14d    the last call: the whole GPU suite (tests/cuda, tests/conformance; not MLX; names
 #           logged as they finish), the 16,384-token 8B prefill, the 0.6B targets with the
 #           transformers peer
+#   s15b    (at the XQ experiment commit, reverted since) scripts/xq_ab.py: the 8B affine4 GEMVs
+#           with x's int16 form read precomputed against made in every program; the affine4
+#           step with attention, q/k norm or norms left out at contexts 2,100 and 130
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)

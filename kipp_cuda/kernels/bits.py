@@ -339,3 +339,52 @@ def dot2(a, b, acc, HI: tl.constexpr, UNSIGNED: tl.constexpr, ASM: tl.constexpr)
         b0 = (b << 24) >> 24
         b1 = (b << 16) >> 24
     return acc + ((a << 16) >> 16) * b0 + (a >> 16) * b1
+
+
+# -- int16 x written once by the kernel that makes x (XQ) -----------------------------------------
+# quant_x16's words (NIBBLES order), xs and sum, written by the producer of x (rms_norm at T = 1)
+# instead of recomputed by every GEMV program: xq [K / 2] int32 (as [K] int16), xs and xsum
+# [K / 32] fp32. The words and xs have quant_x16's bits; the sum is a tree sum (last-bit
+# differences from quant_x16's running one).
+
+
+@triton.jit
+def load_xq(xq_ptr, xs_ptr, xsum_ptr, g, ASM: tl.constexpr):
+    """write_xq's group g (a tensor of groups): quant_x16's (words, xs, sum)."""
+    p = xq_ptr + g * 16
+    words = (
+        load_words(p, ASM, False)
+        + load_words(p + 4, ASM, False)
+        + load_words(p + 8, ASM, False)
+        + load_words(p + 12, ASM, False)
+    )
+    return words, tl.load(xs_ptr + g), tl.load(xsum_ptr + g)
+
+
+def new_xq(K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (xq int32 [K / 2], xs, xsum fp32 [K / 32]) for write_xq."""
+    if K % 32:
+        raise ValueError(f"xq: K = {K} is not a multiple of 32")
+    f32 = dict(dtype=torch.float32, device=device)
+    return (
+        torch.empty(K // 2, dtype=torch.int32, device=device),
+        torch.empty(K // 32, **f32),
+        torch.empty(K // 32, **f32),
+    )
+
+
+def xq_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """write_xq of one row x [K] in torch (rint by the magic add: two roundings, not an FMA)."""
+    y = x.float().reshape(-1, 32)
+    amax = y.abs().amax(1)
+    total = y.sum(1)
+    bad = (amax == float("inf")) | total.isnan()
+    xs = torch.where(bad, float("nan"), amax * (1.0 / 32767.0))
+    inv = torch.where((amax > 0) & ~bad, 32767.0 / amax, torch.zeros_like(amax))
+    q = ((y * inv[:, None]) + 12582912.0).view(torch.int32) & 0xFFFF
+    v = torch.arange(32, device=x.device)
+    half = (v // 8) * 8 + (v % 2) * 4 + ((v // 4) % 2) * 2 + (v // 2) % 2
+    out = torch.empty_like(q)
+    out[:, half] = q
+    words = (out[:, 0::2] | (out[:, 1::2] << 16)).reshape(-1).contiguous()
+    return words, xs, total
