@@ -41,6 +41,9 @@
 #   s14d    the last call: the whole GPU suite (tests/cuda, tests/conformance; not MLX; names
 #           logged as they finish), the 16,384-token 8B prefill, the 0.6B targets with the
 #           transformers peer
+#   s15a    fifteenth session, first call (at 0dcdb4a, the norm fold, reverted since): the fold's
+#           GPU tests, the 8B decode step with the fold on and off (step_ablation.py env:
+#           KIPP_CUDA_NORM_FOLD), 8B decode with it on (bf16, q8_0, affine4) and off (q8_0, affine4)
 #   s15b    (at the XQ experiment commit, reverted since) scripts/xq_ab.py: the 8B affine4 GEMVs
 #           with x's int16 form read precomputed against made in every program; the affine4
 #           step with attention, q/k norm or norms left out at contexts 2,100 and 130
@@ -522,6 +525,16 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15b)  # fifteenth session, second call: see the header
+  step "XQ A/B, 8B affine4 GEMVs"
+  timeout 300 python scripts/xq_ab.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/xq_ab.log" | tail -9
+  for c in 2100 130; do
+    step "8B affine4 step ablation, context $c"
+    timeout 100 python scripts/step_ablation.py --quants affine4 --context $c \
+      --variants "full,attn,qkv,norm,gemv" 2>&1 | grep -vE "Warn|warn" \
+      | tee "$OUT/ablation_c$c.log" | tail -4
+  done
   ;;
 s14a)  # fourteenth session, first call: see the header
   step "GPU tests: decode attention (names as they finish)"
