@@ -8,8 +8,6 @@ value).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -21,7 +19,6 @@ from kipp_cuda.kernels.bits import (
     load_scalar,
     load_words,
     load_x8,
-    load_xq,
     nibble_floats,
     quant_x16,
     sum8,
@@ -63,9 +60,6 @@ def _affine_gemv_kernel(
     part_ptr,
     lock_ptr,
     key_ptr,
-    xq_ptr,
-    xs_ptr,
-    xsum_ptr,
     N,
     num_groups,
     groups_per_split,
@@ -84,7 +78,6 @@ def _affine_gemv_kernel(
     SWIGLU: tl.constexpr,
     HEAD: tl.constexpr,
     ROUND: tl.constexpr,
-    XQ: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -117,10 +110,7 @@ def _affine_gemv_kernel(
             )
         g = tl.minimum(g0 + rg, g_end - 1)
         if INT_X and GROUP == 32:  # x as int16, dp2a on the weights' bytes (bits.py)
-            if XQ:  # written by the kernel that made x (bits.write_xq)
-                xq, xs, x_sum = load_xq(xq_ptr, xs_ptr, xsum_ptr, g, ASM)
-            else:
-                xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
+            xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
             dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
             if BITS == 4:
                 # Even nibbles as bytes n, odd ones masked in place as bytes 16 n (no shift):
@@ -237,14 +227,11 @@ def affine_gemv(
     asm: bool | None = None,
     swiglu: bool = False,
     head_keys: torch.Tensor | None = None,
-    xq: tuple | None = None,
 ) -> torch.Tensor:
     """The T = 1 launch of affine_matmul (checked operands), with an optional explicit config;
     asm=False takes bits.py's integer path on a GPU too (the reference of its LOP3 path). swiglu:
     wq holds gate then up rows, and out [1, N / 2] is their SwiGLU (matmul_tiles.tile_rows).
-    head_keys: fp32 logits and the running argmax key, as q8_0_gemv's. xq: x's int16 form from
-    the kernel that made it (bits.write_xq), taken where the config runs the int16-x path
-    (takes_xq), else ignored."""
+    head_keys: fp32 logits and the running argmax key, as q8_0_gemv's."""
     N, K = wq.shape[0], x.shape[1]
     check_head(head_keys, x.shape[0], swiglu)
     if head_keys is not None:
@@ -257,8 +244,6 @@ def affine_gemv(
     if wq.stride(0) % 4 or wq.data_ptr() % 16:  # the kernel reads rows 16 bytes at a time
         wq = wq.clone()
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
-    opts = launch_options(cfg, x.dtype)
-    use_xq = xq is not None and opts["INT_X"] and group_size == 32 and bits == 4
     pdl = launch_kwargs(x.device)
     _affine_gemv_kernel[grid](
         x,
@@ -269,7 +254,6 @@ def affine_gemv(
         part,
         locks,
         head_keys,
-        *(xq if use_xq else (x, x, x)),
         N,
         num_groups,
         per_split,
@@ -286,20 +270,7 @@ def affine_gemv(
         SWIGLU=swiglu,
         HEAD=head_keys is not None,
         ROUND=_TL[x.dtype] if head_keys is not None else None,
-        XQ=use_xq,
-        **opts,
+        **launch_options(cfg, x.dtype),
         **pdl,
     )
     return out
-
-
-def takes_xq(N: int, K: int, group_size: int, bits: int, x: torch.Tensor) -> bool:
-    """Whether a one-row affine_gemv of w [N, K] would read x's int16 form (bits.write_xq) rather
-    than make it in every program: its config runs the int16-x path, on a GPU; off with
-    KIPP_CUDA_XQ=0 (the A/B)."""
-    if os.environ.get("KIPP_CUDA_XQ", "1") == "0" or not x.is_cuda or x.shape[0] != 1:
-        return False
-    if group_size != 32 or bits != 4 or K % 32:
-        return False
-    cfg = gemv_config(N, K // group_size, group_size, x.device, bits)
-    return bool(launch_options(cfg, x.dtype)["INT_X"])
