@@ -47,6 +47,8 @@
 #   s15b    (at the XQ experiment commit, reverted since) scripts/xq_ab.py: the 8B affine4 GEMVs
 #           with x's int16 form read precomputed against made in every program; the affine4
 #           step with attention, q/k norm or norms left out at contexts 2,100 and 130
+#   s15c    decode attention settings in the 8B affine4 step (step_ablation.py da: variants) at
+#           contexts 130 and 2,100: where the kernel's fixed ~5 us a layer goes
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -525,6 +527,15 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15c)  # fifteenth session, third call: see the header
+  for c in 130 2100; do
+    step "8B affine4 decode attention settings, context $c"
+    timeout 240 python scripts/step_ablation.py --quants affine4 --context $c --variants \
+      "full,attn,da:FUSED_MERGE=0,da:PREFETCH_KV=0,da:NUM_STAGES=1,da:MAX_SPLITS=8,\
+da:MAX_SPLITS=16,da:PROGRAMS_PER_SM=1,da:NUM_WARPS_SPLIT=2,full" 2>&1 | grep -vE "Warn|warn" \
+      | tee "$OUT/attn_c$c.log" | tail -4
+  done
   ;;
 s15b)  # fifteenth session, second call: see the header
   step "XQ A/B, 8B affine4 GEMVs"
