@@ -49,6 +49,8 @@
 #           step with attention, q/k norm or norms left out at contexts 2,100 and 130
 #   s15c    decode attention settings in the 8B affine4 step (step_ablation.py da: variants) at
 #           contexts 130 and 2,100: where the kernel's fixed ~5 us a layer goes
+#   s15d    warps, merge chunk and pipelining of decode attention in the 8B q8_0 and affine4 steps
+#           at context 2,100
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -527,6 +529,13 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15d)  # fifteenth session, fourth call: see the header
+  step "8B decode attention warps / merge chunk / stages, context 2100"
+  timeout 400 python scripts/step_ablation.py --quants affine4,q8_0 --context 2100 --variants \
+    "full,da:NUM_WARPS_SPLIT=8,da:MERGE_CHUNK=4096,da:MERGE_CHUNK=8192,\
+da:NUM_WARPS_SPLIT=8;MERGE_CHUNK=8192,da:NUM_STAGES=1,da:NUM_STAGES=1;MERGE_CHUNK=8192,\
+da:NUM_STAGES=3,full" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/attn_d.log" | tail -5
   ;;
 s15c)  # fifteenth session, third call: see the header
   for c in 130 2100; do
