@@ -51,6 +51,8 @@
 #           contexts 130 and 2,100: where the kernel's fixed ~5 us a layer goes
 #   s15d    warps, merge chunk and pipelining of decode attention in the 8B q8_0 and affine4 steps
 #           at context 2,100
+#   s15e    the last call: one-stage split decode attention (NUM_STAGES_SPLIT): the decode
+#           attention GPU tests, 8B decode (bf16, q8_0, affine4), the 0.6B targets
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -529,6 +531,18 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15e)  # fifteenth session, last call: see the header
+  step "GPU tests: decode attention"
+  timeout 200 python -m pytest -v -p no:cacheprovider -n 8 --timeout 180 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py -k decode 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s15e.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  decode8 b8e 75
+  step "0.6B targets"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
+    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
   ;;
 s15d)  # fifteenth session, fourth call: see the header
   step "8B decode attention warps / merge chunk / stages, context 2100"

@@ -53,6 +53,9 @@ NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8:
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
 # 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
 NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/attention_sweep.py)
+NUM_STAGES_SPLIT = 1  # when split: a batch-1 split at 2k context is one tile (MIN_TILES_PER_SPLIT),
+# so a second stage only adds a prologue; 1 took 0.012-0.013 ms off the 8B q8_0 and affine4 steps
+# at context 2,100 and 0.010 at 130 (step_ablation.py, BENCHMARKS.md fifteenth session)
 LOG2E = 1.4426950408889634
 
 
@@ -355,7 +358,7 @@ def _paged_decode_attention_op(
         BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
         num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT,
-        num_stages=NUM_STAGES,
+        num_stages=NUM_STAGES if one_split else NUM_STAGES_SPLIT,
         PDL=bool(pdl),
         **pdl,
     )
