@@ -53,6 +53,8 @@
 #           at context 2,100
 #   s15e    the last call: one-stage split decode attention (NUM_STAGES_SPLIT): the decode
 #           attention GPU tests, 8B decode (bf16, q8_0, affine4), the 0.6B targets
+#   s15f    where an 8B affine4 engine step's time goes outside its graph: step_overhead.py and the
+#           decode timeline (profile_decode.py --timeline)
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -531,6 +533,15 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15f)  # fifteenth session: see the header
+  step "step overhead 8B affine4"
+  timeout 150 python scripts/step_overhead.py --shape qwen3-8b --quant affine4 \
+    --kv-cache-memory 16GiB 2>&1 | tee "$OUT/overhead_affine4.log" | grep -vE "Warning|warn" | tail -14
+  step "decode timeline 8B affine4"
+  timeout 150 python scripts/profile_decode.py --shape qwen3-8b --quant affine4 --steps 64 \
+    --timeline --kv-cache-memory 16GiB 2>&1 | tee "$OUT/timeline_affine4.log" \
+    | grep -vE "Warn|warn" | tail -16
   ;;
 s15e)  # fifteenth session, last call: see the header
   step "GPU tests: decode attention"
