@@ -55,6 +55,8 @@
 #           attention GPU tests, 8B decode (bf16, q8_0, affine4), the 0.6B targets
 #   s15f    where an 8B affine4 engine step's time goes outside its graph: step_overhead.py and the
 #           decode timeline (profile_decode.py --timeline)
+#   s15g    step_ablation.py with the context on real blocks (not all on block 0): the q8_0 and
+#           affine4 steps with decode attention settings
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -533,6 +535,13 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15g)  # fifteenth session: see the header
+  step "8B step, context on its own blocks: attention settings"
+  timeout 420 python scripts/step_ablation.py --quants affine4,q8_0 --context 2100 --variants \
+    "full,attn,da:NUM_STAGES_SPLIT=2,da:PROGRAMS_PER_SM=3,da:PROGRAMS_PER_SM=4,\
+da:MIN_TILES_PER_SPLIT=2,da:NUM_WARPS_SPLIT=8,da:MERGE_CHUNK=8192,da:PREFETCH_KV=0,\
+da:BLOCK_N=32,full" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/attn_g.log" | tail -5
   ;;
 s15f)  # fifteenth session: see the header
   step "step overhead 8B affine4"
