@@ -57,6 +57,8 @@
 #           decode timeline (profile_decode.py --timeline)
 #   s15g    step_ablation.py with the context on real blocks (not all on block 0): the q8_0 and
 #           affine4 steps with decode attention settings
+#   s15h    the affine4 step under the bench's settings one at a time (16 GiB of KV, max model
+#           length 40,960, 256 sequences) against step_ablation's (4 GiB, 4,096, 1)
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -535,6 +537,14 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15h)  # fifteenth session: see the header
+  for a in "--kv-cache-memory 4GiB" "--kv-cache-memory 16GiB" "--max-model-len 40960" \
+    "--max-num-seqs 256" "--kv-cache-memory 16GiB --max-model-len 40960 --max-num-seqs 256"; do
+    step "affine4 step: $a"
+    timeout 100 python scripts/step_ablation.py --quants affine4 --variants full $a 2>&1 \
+      | grep -vE "Warn|warn" | tee -a "$OUT/settings_h.log" | tail -1
+  done
   ;;
 s15g)  # fifteenth session: see the header
   step "8B step, context on its own blocks: attention settings"

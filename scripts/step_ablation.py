@@ -119,13 +119,21 @@ def main() -> None:
     )
     p.add_argument("--context", type=int, default=2100)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--kv-cache-memory", default="4GiB")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=1)
     args = p.parse_args()
     path = random_checkpoint(args.shape)
     device = torch.device("cuda")
     rows = []
     for quant in args.quants.split(","):
         q = None if quant == "none" else quant
-        opts = BackendOptions(kv_cache_memory="4GiB", max_num_seqs=1, max_model_len=4096, quant=q)
+        opts = BackendOptions(
+            kv_cache_memory=args.kv_cache_memory,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            quant=q,
+        )
         shard = ShardBackend(Checkpoint(path), opts, device)
         runner = shard.runner
         runner.g_ctx[0], runner.g_in[POS, 0] = args.context, args.context - 1
