@@ -93,6 +93,14 @@ decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/$1_<qua
       --json "$OUT/$1_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
   done
 }
+targets06() {  # the 0.6B targets without a peer: batch-1 decode and prefill, the 256-request
+  # throughput, the repeated prompt (records $OUT/$1.json and .md)
+  step "0.6B targets"
+  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
+    --json "$OUT/$1.json" --markdown "$OUT/$1.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+}
 tp8() {  # the 8B TP gate (TP=2 vs TP=1 logits and greedy tokens), then TP=1 and TP=2 decode
   step "tp gate 8B"
   timeout 260 python scripts/tp_gate.py --shape qwen3-8b 2>&1 | grep -E "qwen3|Error|error" | tail -4
@@ -501,11 +509,7 @@ s13d)  # thirteenth session, last call: see the header
     tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_attention_kernels.py \
     tests/cuda/test_head_argmax.py 2>&1 | tee "$OUT/tests_s13d.log" | grep -E "passed|failed|FAIL|Error" | tail -8
   decode8 b8d 75
-  step "0.6B targets"
-  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
-    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
-    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
-    --json "$OUT/b06d.json" --markdown "$OUT/b06d.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  targets06 b06d
   ;;
 s14d)  # fourteenth session, last call: see the header
   step "GPU suite: tests/cuda, tests/conformance (not MLX)"
@@ -568,11 +572,7 @@ s15e)  # fifteenth session, last call: see the header
     tests/cuda/test_attention_kernels_gpu.py -k decode 2>&1 | grep -vE "Warn|warn" \
     | tee "$OUT/tests_s15e.log" | grep -E "FAILED|^E |passed|failed" | head -20
   decode8 b8e 75
-  step "0.6B targets"
-  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
-    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
-    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
-    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  targets06 b06
   ;;
 s15d)  # fifteenth session, fourth call: see the header
   step "8B decode attention warps / merge chunk / stages, context 2100"
@@ -628,11 +628,7 @@ s12z)  # twelfth session's last call: the GPU tests that the runner's one upload
     tests/cuda/test_runner_staging.py tests/conformance tests/cuda/test_matmul_kernels.py \
     -k "not mlx" 2>&1 | tee "$OUT/tests_s12z.log" | grep -E "passed|failed|FAIL|Error" | tail -12
   decode8 b8z 75 "${PROMPT:-2048}"
-  step "0.6B targets"
-  timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
-    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
-    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB \
-    --json "$OUT/b06z.json" --markdown "$OUT/b06z.md" 2>&1 | grep -E "\| kipp|hroughput|refix" | tail -4
+  targets06 b06z
   ;;
 s12t)  # twelfth session: where the GPU idles between decode steps (engine steps with graphs on,
   # scripts/profile_decode.py --timeline), 8B q8_0 and 0.6B at batch 1, context 2048
