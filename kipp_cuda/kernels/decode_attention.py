@@ -49,6 +49,7 @@ PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wa
 # do not (only their context-length load moved before the wait; batch 256 not re-measured)
 MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads;
 # 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096 (step_ablation.py)
+MERGE_PEEL = True  # the fused merge's first chunk is read with the lse max (split_merge.py)
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
 # 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
@@ -104,6 +105,7 @@ def _paged_decode_attention_kernel(
     MERGE_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
     CHUNK_S: tl.constexpr,
+    MERGE_PEEL: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
@@ -254,6 +256,7 @@ def _paged_decode_attention_kernel(
                     HEAD_DIM,
                     BLOCK_S,
                     CHUNK_S,
+                    MERGE_PEEL,
                 )
                 tl.atomic_xchg(counter, 0)  # re-armed for the next call (or graph replay)
 
@@ -357,6 +360,7 @@ def _paged_decode_attention_op(
         MERGE_H=merge_h,
         BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
+        MERGE_PEEL=bool(MERGE_PEEL) and fused,
         num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT,
         num_stages=NUM_STAGES if one_split else NUM_STAGES_SPLIT,
         PDL=bool(pdl),

@@ -276,6 +276,23 @@ def test_decode_fused_and_unfused_merge_agree(dtype, G, q8, monkeypatch):
     assert _counters_zeroed()
 
 
+@pytest.mark.parametrize("merge_chunk", [1, 2, None], ids=["chunk1", "chunk2", "default"])
+def test_decode_fused_merge_peel_is_the_same_sums(merge_chunk, short_splits, monkeypatch):
+    # MERGE_PEEL issues the first chunk's loads with the lse max's; the sums and their order are
+    # the loop's, so the outputs are bit-equal (chunks of 1 and 2 splits: the loop runs after
+    # the peeled chunk, up to 4 more times; the default chunk holds every split)
+    if merge_chunk is not None:
+        monkeypatch.setattr(dec, "MERGE_CHUNK", merge_chunk * 4 * 64)  # G = 4, D = 64
+    p, q, scale, ref = _fused_case(torch.bfloat16, 4, False, seed=61)
+    outs = []
+    for peel in (True, False):
+        monkeypatch.setattr(dec, "MERGE_PEEL", peel)
+        outs.append(_decode_op(p, q, scale, 7, fused_merge=True))
+    assert_close(outs[0], ref, torch.bfloat16)
+    assert torch.equal(outs[0], outs[1])
+    assert _counters_zeroed()
+
+
 def test_decode_fused_merge_all_empty_and_counter_sizes():
     # Every context 0 (padded slots): each (sequence, kv head) merges 5 empty splits into zeros.
     p, q, scale, ref = _decode(torch.float32, 4, q8=False, ctx=[0, 0, 0], d=32, page=16)
