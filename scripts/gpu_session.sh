@@ -59,6 +59,8 @@
 #           affine4 steps with decode attention settings
 #   s15h    the affine4 step under the bench's settings one at a time (16 GiB of KV, max model
 #           length 40,960, 256 sequences) against step_ablation's (4 GiB, 4,096, 1)
+#   s15i    the peeled fused merge (MERGE_PEEL): decode attention GPU tests, the step with it on
+#           and off (real blocks), 8B decode (bf16, q8_0, affine4)
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -541,6 +543,17 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s15i)  # fifteenth session: see the header
+  step "GPU tests: decode attention"
+  timeout 150 python -m pytest -q -p no:cacheprovider -n 8 --timeout 140 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py -k decode 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s15i.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  step "8B step: merge peel on / off"
+  timeout 200 python scripts/step_ablation.py --quants affine4,q8_0 --context 2100 \
+    --variants "full,da:MERGE_PEEL=0,da:MERGE_PEEL=1" 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/peel.log" | tail -4
+  decode8 b8i 75
   ;;
 s15h)  # fifteenth session: see the header
   for a in "--kv-cache-memory 4GiB" "--kv-cache-memory 16GiB" "--max-model-len 40960" \

@@ -23,7 +23,7 @@ sig["qk_scale"] = "fp32"
 for prefetch in (False, True):
     consts = dict(G=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_N=64, PAGE_SIZE=32, IS_Q8=False,
                   ONE_SPLIT=False, MIN_TILES=1, DOT_DTYPE=tl.bfloat16, PRECISION="tf32",
-                  FUSED_MERGE=True, MERGE_H=4, BLOCK_S=64, CHUNK_S=32, PDL=True,
+                  FUSED_MERGE=True, MERGE_H=4, BLOCK_S=64, CHUNK_S=32, MERGE_PEEL=True, PDL=True,
                   PREFETCH=prefetch)
     src = ASTSource(fn=K, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=sass.TARGET, options=dict(num_warps=4)).asm["ptx"]
