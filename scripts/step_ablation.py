@@ -33,7 +33,6 @@ from kipp_core.backend import BackendOptions
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.tiny import random_checkpoint
 from kipp_cuda.backend import ShardBackend
-from kipp_cuda.runner import POS
 
 
 def _no_norm(x, w, eps, residual=None):
@@ -136,12 +135,9 @@ def main() -> None:
         )
         shard = ShardBackend(Checkpoint(path), opts, device)
         runner = shard.runner
-        runner.g_ctx[0], runner.g_in[POS, 0] = args.context, args.context - 1
-        # The context on its own blocks 0, 1, ... (a fresh allocation's order). Without this the
-        # table stays zero and every tile reads block 0 from L2: before the fifteenth session the
-        # ablations timed decode attention ~0.09 ms a step faster than it runs (BENCHMARKS.md)
-        blocks = -(-args.context // runner.block_size)
-        runner.g_bt[0, :blocks] = torch.arange(blocks, dtype=runner.g_bt.dtype)
+        # (before the fifteenth session the block table stayed zero: attention read block 0 from
+        # L2 and the ablations timed it 0.02-0.03 ms a step too cheap, BENCHMARKS.md)
+        runner.inputs.stage_one_sequence(args.context, runner.block_size)
         times = {}
         for v in args.variants.split(","):
             with patched(v):

@@ -27,7 +27,6 @@ import torch.multiprocessing as mp
 from kipp_core.backend import BackendOptions
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.tiny import random_checkpoint
-from kipp_cuda.runner import POS
 from kipp_cuda.tp_backend import SAFE_ENV, _free_port, _init
 
 
@@ -40,7 +39,7 @@ def _rank(rank, world, port, path, args, results):
     )
     shard = ShardBackend(Checkpoint(path), opts, device, rank, world)
     runner, model = shard.runner, shard.model
-    runner.g_ctx[0], runner.g_in[POS, 0] = args.context, args.context - 1
+    runner.inputs.stage_one_sequence(args.context, runner.block_size)
     rows, ref, notes = [], None, [f"model's own mode: {model.tp.mode}"]
     for name in args.variants.split(","):
         if name == "peer" and not hasattr(model.tp, "recv"):

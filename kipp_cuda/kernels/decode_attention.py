@@ -36,10 +36,8 @@ from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
-MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile. In the 8B q8_0 batch-1 decode step at
-# 2.1k context, 1 took 0.022 ms off a step against 2 (33 one-tile splits a kv head against 17 of
-# two), 3 added 0.047 (scripts/step_ablation.py, BENCHMARKS.md thirteenth session); the isolated
-# sweep had preferred 2
+MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile: in the 8B batch-1 step at 2.1k context
+# 1 beat 2 by 0.022 ms and 3 by 0.069 (step_ablation.py, BENCHMARKS.md thirteenth session)
 MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
 # splits still cost a launch slot and a merge read, so more is slower (scripts/attention_sweep.py)
@@ -54,9 +52,8 @@ NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8:
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
 # 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
 NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/attention_sweep.py)
-NUM_STAGES_SPLIT = 1  # when split: a batch-1 split at 2k context is one tile (MIN_TILES_PER_SPLIT),
-# so a second stage only adds a prologue; 1 took 0.012-0.013 ms off the 8B q8_0 and affine4 steps
-# at context 2,100 and 0.010 at 130 (step_ablation.py, BENCHMARKS.md fifteenth session)
+NUM_STAGES_SPLIT = 1  # a batch-1 split is one tile, so a 2nd stage only adds a prologue: 1 took
+# 0.010-0.013 ms off the 8B q8_0 and affine4 steps (step_ablation.py, BENCHMARKS.md fifteenth)
 LOG2E = 1.4426950408889634
 
 

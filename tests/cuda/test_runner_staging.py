@@ -177,3 +177,18 @@ def test_a_prompt_end_hit_beside_the_last_hits_pending_token(staged, llm_factory
     ref = llm_factory("cuda", dtype="float32", block_size=8, enable_prefix_caching=False)
     want = [o.token_ids for o in ref.generate([a, b], GREEDY)]
     assert [done["a"], done["b"]] == want
+
+
+def test_one_sequence_staged_on_its_own_blocks():
+    """GraphInputs.stage_one_sequence (the graph-replay scripts' context): 70 tokens of 32-token
+    blocks sit on blocks 0, 1, 2, the last token at position 69; the rest of the table and the
+    other row stay as they were."""
+    from kipp_cuda.staging import POS, GraphInputs
+
+    gi = GraphInputs(rows=4, n=2, max_blocks=8, device=torch.device("cpu"))
+    gi.stage_one_sequence(70, 32)
+    assert int(gi.g_ctx[0]) == 70 and int(gi.g_in[POS, 0]) == 69
+    assert gi.g_bt[0].tolist() == [0, 1, 2, 0, 0, 0, 0, 0]
+    gi.g_bt[1] = 5
+    gi.stage_one_sequence(65, 16)
+    assert gi.g_bt[0].tolist()[:5] == [0, 1, 2, 3, 4] and gi.g_bt[1].tolist() == [5] * 8
