@@ -13,6 +13,7 @@ from kipp_cuda.kernels.embedding import affine_embedding, dense_embedding, q8_0_
 from kipp_cuda.kernels.head_argmax import check_head, head_ref
 from kipp_cuda.kernels.q8_0_matmul import q8_0_matmul
 from kipp_cuda.kernels.swiglu import silu_and_mul
+from kipp_cuda.quant import interleave_scale_bias
 
 
 class DenseLinear(nn.Module):
@@ -80,9 +81,16 @@ class AffineLinear(_QuantLinear):
     ):
         super().__init__()
         self.register_buffer("wq", wq)  # int32 holding uint32 words [out, in * bits / 32]
-        self.register_buffer("scales", scales)  # [out, in / group_size]
-        self.register_buffer("biases", biases)
+        self.register_buffer("scale_bias", interleave_scale_bias(scales, biases))  # [out, G, 2]
         self.bits, self.group_size = bits, group_size
+
+    @property
+    def scales(self) -> torch.Tensor:  # [out, in / group_size], a view with stride 2
+        return self.scale_bias[..., 0]
+
+    @property
+    def biases(self) -> torch.Tensor:
+        return self.scale_bias[..., 1]
 
     @property
     def out_features(self) -> int:

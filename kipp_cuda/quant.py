@@ -49,6 +49,14 @@ def quantize_affine(w: torch.Tensor, bits: int, group_size: int):
     return packed, scale.to(w.dtype), bias.to(w.dtype)
 
 
+def interleave_scale_bias(scales: torch.Tensor, biases: torch.Tensor) -> torch.Tensor:
+    """(scales, biases) [N, G] -> sb [N, G, 2]: a group's scale and bias side by side, so the
+    one-token GEMV reads both in one 32-bit load (affine_gemv.py's PACKED) instead of two 16-bit
+    ones. sb[..., 0] and sb[..., 1] are the scales and biases, as views (every affine kernel
+    takes their stride)."""
+    return torch.stack([scales, biases], dim=-1)
+
+
 def quantize(w: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
     bits, gs = check_scheme(scheme)
     if scheme == "q8_0":

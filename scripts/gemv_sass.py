@@ -16,7 +16,7 @@ import triton
 
 from kipp_cuda.kernels import affine_gemv as ag
 from kipp_cuda.kernels import q8_0_gemv as qg
-from kipp_cuda.kernels.sass import AFFINE_SIG, Q8_SIG, loop_sass
+from kipp_cuda.kernels.sass import AFFINE_PACKED_SIG, AFFINE_SIG, Q8_SIG, loop_sass
 
 
 def main() -> None:
@@ -35,9 +35,12 @@ def main() -> None:
         weights = bn * bg * 32 / (32 * nw)  # a thread's weights a K step
         common = dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=1, PDL=True, ASM=True, PREFETCH=False)
         for on in modes:
+            affine = dict(BITS=4, GROUP=32)
             for name, fn, sig, extra in (
                 ("q8_0", qg._q8_0_gemv_kernel, Q8_SIG, {}),
-                ("affine4", ag._affine_gemv_kernel, AFFINE_SIG, dict(BITS=4, GROUP=32)),
+                # interleaved scales and biases, as AffineLinear stores them (one word a group)
+                ("affine4", ag._affine_gemv_kernel, AFFINE_PACKED_SIG, {**affine, "PACKED": 2}),
+                ("affine4/separate", ag._affine_gemv_kernel, AFFINE_SIG, affine),
             ):
                 ops, regs = loop_sass(fn, sig, {**common, **extra, "INT_X": on}, nw)
                 n = sum(ops.values())

@@ -61,6 +61,11 @@
 #           length 40,960, 256 sequences) against step_ablation's (4 GiB, 4,096, 1)
 #   s15i    the peeled fused merge (MERGE_PEEL): decode attention GPU tests, the step with it on
 #           and off (real blocks), 8B decode (bf16, q8_0, affine4)
+#   s16a    sixteenth session: affine scales and biases interleaved (one 32-bit load a group):
+#           the affine GPU tests, the 8B affine4 sweep on that layout (separate tensors' default
+#           config first, same run) into the tuned table, 8B affine4 decode
+#   s16b    8B decode A/B on one machine: the tree before the interleaving (ab_old/, an untracked
+#           `git archive`) against this one, twice; then bf16 and q8_0 at this tree
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -543,6 +548,25 @@ s14c)  # fourteenth session: see the header
     cp /tmp/table_before.json kipp_cuda/kernels/configs/h200_gemv.json
     QUANTS="q8_0 affine4" decode8 b8old 65
   fi
+  ;;
+s16a)  # sixteenth session: see the header
+  step "GPU tests: interleaved scales, quantized GEMVs and matmuls, fusions, head argmax"
+  timeout 170 python -m pytest -q -p no:cacheprovider -n 4 --timeout 160 -rf --tb=short \
+    tests/cuda/test_scale_bias.py tests/cuda/test_matmul_kernels.py tests/cuda/test_quant_fusions.py \
+    tests/cuda/test_head_argmax.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s16a.log" \
+    | grep -E "FAILED|^E |passed|failed" | head -20
+  step "sweep affine4 at 8B shapes on interleaved scales"
+  timeout 300 python scripts/kernel_sweep.py --only affine4 --shapes "8B " --write-configs \
+    --json "$OUT/sweep_sb.json" 2>&1 | tee "$OUT/sweep_sb.log" | grep -E -A1 "separate|default|wrote|Error" | cut -c1-170
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  [ "$SECONDS" -lt 480 ] && QUANTS="affine4" decode8 b8p 75
+  ;;
+s16b)  # sixteenth session: see the header
+  for round in 1 2; do
+    [ -d ab_old ] && (cd ab_old && PYTHONPATH=$PWD QUANTS="affine4" decode8 "old$round" 75)
+    QUANTS="affine4" decode8 "new$round" 75
+  done
+  QUANTS="none q8_0" decode8 b8 75
   ;;
 s15i)  # fifteenth session: see the header
   step "GPU tests: decode attention"

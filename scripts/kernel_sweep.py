@@ -23,6 +23,7 @@ from kipp_cuda.kernels import q8_0_gemv as qg
 from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels.bench import rotating
 from kipp_cuda.kernels.matmul_tiles import pick_split_k
+from kipp_cuda.quant import interleave_scale_bias
 
 SHAPES = {  # (N, K) of each decode linear
     "0.6B qkv": (4096, 1024),
@@ -244,26 +245,42 @@ def q8(rows, shapes):
 
 
 def affine4(rows, shapes):
+    """On scales and biases interleaved as AffineLinear stores them (one 32-bit load a group);
+    first the default config on separate tensors (two 16-bit loads), the layout's A/B."""
     for name, (N, K) in shapes.items():
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         nbytes = N * K // 2 + N * K // 32 * 4
         weights = rotated(
             lambda N=N, K=K: (
                 torch.randint(-(2**31), 2**31, (N, K // 8), dtype=torch.int32, device="cuda"),
-                (torch.rand(N, K // 32, device="cuda") * 0.01).bfloat16(),
-                (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16(),
+                interleave_scale_bias(
+                    (torch.rand(N, K // 32, device="cuda") * 0.01).bfloat16(),
+                    (torch.rand(N, K // 32, device="cuda") * -0.05).bfloat16(),
+                ),
             ),
             nbytes,
         )
+        default = ag.gemv_config(N, K // 32, 32, x.device)
+        apart = [(wq, sb[..., 0].contiguous(), sb[..., 1].contiguous()) for wq, sb in weights]
+        us = graph_us(
+            rotating_call(
+                lambda wq, s, b, x=x, c=default: ag.affine_gemv(x, wq, s, b, 4, 32, c), apart
+            )
+        )
+        print(f"affine4  {name:14} separate {us:7.2f} us {nbytes / us / 1e3:6.0f} GB/s {default}")
+        rows.append({"family": "affine4/separate", "shape": name, "us": us, "bytes": nbytes})
+        del apart
         quant_sweep(
             rows,
             "affine4",
             name,
             nbytes,
-            ag.gemv_config(N, K // 32, 32, x.device),
+            default,
             weights,
-            lambda wq, s, b, c, x=x: ag.affine_gemv(x, wq, s, b, 4, 32, c),
-            lambda x=x, w=weights[0]: am.affine_matmul_ref(x, *w, 4, 32),
+            lambda wq, sb, c, x=x: ag.affine_gemv(x, wq, sb[..., 0], sb[..., 1], 4, 32, c),
+            lambda x=x, w=weights[0]: am.affine_matmul_ref(
+                x, w[0], w[1][..., 0], w[1][..., 1], 4, 32
+            ),
         )
 
 

@@ -21,6 +21,7 @@ from kipp_cuda.kernels.bits import (
     load_x8,
     nibble_floats,
     quant_x16,
+    split_halves,
     sum8,
 )
 from kipp_cuda.kernels.head_argmax import check_head, head_out
@@ -41,13 +42,22 @@ from kipp_cuda.kernels.tuned import tuned_config
 
 
 @triton.jit
-def _affine_gemv_tile(w_rows, s_rows, b_rows, g, WPG: tl.constexpr, ASM: tl.constexpr):
-    # Group g of each row: its WPG int32 words (16-byte loads), scale and bias.
+def _affine_gemv_tile(
+    w_rows, s_rows, b_rows, g, stride_sg, stride_bg, WPG: tl.constexpr, PACKED: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    # Group g of each row: its WPG int32 words (16-byte loads), scale and bias; PACKED: s_rows
+    # points at int32 words holding (scale, bias), one load for both.
     w = w_rows + g[None, :] * WPG
     words = load_words(w, ASM)
     for i in tl.static_range(1, WPG // 4):
         words = words + load_words(w + 4 * i, ASM)
-    return words, load_scalar(s_rows + g[None, :], ASM), load_scalar(b_rows + g[None, :], ASM)
+    if PACKED:  # (one return: Triton types every return of a function alike)
+        s, b = split_halves(load_scalar(s_rows + g[None, :], ASM), PACKED == 2)
+    else:
+        s = load_scalar(s_rows + g[None, :] * stride_sg, ASM).to(tl.float32)
+        b = load_scalar(b_rows + g[None, :] * stride_bg, ASM).to(tl.float32)
+    return words, s, b
 
 
 @triton.jit
@@ -65,7 +75,9 @@ def _affine_gemv_kernel(
     groups_per_split,
     stride_wn,
     stride_sn,
+    stride_sg,
     stride_bn,
+    stride_bg,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -78,6 +90,7 @@ def _affine_gemv_kernel(
     SWIGLU: tl.constexpr,
     HEAD: tl.constexpr,
     ROUND: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
     # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
@@ -95,19 +108,22 @@ def _affine_gemv_kernel(
     g_end = tl.minimum(g_start + groups_per_split, num_groups)
     if PREFETCH:
         w, s, b = _affine_gemv_tile(
-            w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1), WPG, ASM
-        )
+            w_rows, s_rows, b_rows, tl.minimum(g_start + rg, g_end - 1), stride_sg, stride_bg,
+            WPG, PACKED, ASM,
+        )  # fmt: skip
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
     for g0 in range(g_start, g_end, BLOCK_G):
         if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
             nw, ns, nb = _affine_gemv_tile(
-                w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), WPG, ASM
-            )
+                w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), stride_sg,
+                stride_bg, WPG, PACKED, ASM,
+            )  # fmt: skip
         else:  # one tile in flight a program, more programs an SM (fewer registers)
             w, s, b = _affine_gemv_tile(
-                w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1), WPG, ASM
-            )
+                w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1), stride_sg, stride_bg,
+                WPG, PACKED, ASM,
+            )  # fmt: skip
         g = tl.minimum(g0 + rg, g_end - 1)
         if INT_X and GROUP == 32:  # x as int16, dp2a on the weights' bytes (bits.py)
             xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
@@ -215,6 +231,26 @@ def gemv_config(
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
 
 
+def scale_bias_operands(scales: torch.Tensor, biases: torch.Tensor):
+    """The GEMV's scale and bias operands and PACKED: where they are the two halves of one
+    interleaved 16-bit buffer (quant.interleave_scale_bias), one int32 view of it (PACKED 2 for
+    bf16, 1 for fp16); otherwise the two tensors as they are (0)."""
+    pair = (
+        scales.element_size() == 2
+        and scales.dtype == biases.dtype
+        and scales.stride() == biases.stride()
+        and scales.stride(1) == 2
+        and scales.stride(0) % 2 == 0
+        and biases.data_ptr() == scales.data_ptr() + 2
+        and scales.data_ptr() % 4 == 0
+    )
+    if not pair:
+        return scales, biases, 0
+    N, G = scales.shape
+    words = scales.as_strided((N, G, 2), (scales.stride(0), 2, 1)).view(torch.int32)[..., 0]
+    return words, words, 2 if scales.dtype == torch.bfloat16 else 1
+
+
 def affine_gemv(
     x,
     wq,
@@ -245,11 +281,12 @@ def affine_gemv(
         wq = wq.clone()
     grid, per_split, part, locks = gemv_launch(x.device, N, num_groups, cfg, "BLOCK_G")
     pdl = launch_kwargs(x.device)
+    s, b, packed = scale_bias_operands(scales, biases)
     _affine_gemv_kernel[grid](
         x,
         wq,
-        scales,
-        biases,
+        s,
+        b,
         out,
         part,
         locks,
@@ -258,8 +295,10 @@ def affine_gemv(
         num_groups,
         per_split,
         wq.stride(0),
-        scales.stride(0),
-        biases.stride(0),
+        s.stride(0),
+        s.stride(1),
+        b.stride(0),
+        b.stride(1),
         BITS=bits,
         GROUP=group_size,
         BLOCK_N=cfg["BLOCK_N"],
@@ -270,6 +309,7 @@ def affine_gemv(
         SWIGLU=swiglu,
         HEAD=head_keys is not None,
         ROUND=_TL[x.dtype] if head_keys is not None else None,
+        PACKED=packed,
         **launch_options(cfg, x.dtype),
         **pdl,
     )

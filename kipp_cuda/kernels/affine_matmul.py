@@ -78,7 +78,9 @@ def _affine_matmul_kernel(
     stride_xt,
     stride_wn,
     stride_sn,
+    stride_sg,
     stride_bn,
+    stride_bg,
     stride_ot,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -120,8 +122,8 @@ def _affine_matmul_kernel(
             words = tl.load(
                 w_rows + g0 * WPG + w_off[None, :, :], mask=n_mask[:, None, None], other=0
             )
-            s = tl.load(s_rows + g0 + rg[None, :], mask=n_mask[:, None], other=0)
-            b = tl.load(b_rows + g0 + rg[None, :], mask=n_mask[:, None], other=0)
+            s = tl.load(s_rows + (g0 + rg[None, :]) * stride_sg, mask=n_mask[:, None], other=0)
+            b = tl.load(b_rows + (g0 + rg[None, :]) * stride_bg, mask=n_mask[:, None], other=0)
         else:
             k_mask = rk < k_end
             g_mask = (g0 + rg) * GROUP < k_end
@@ -131,8 +133,9 @@ def _affine_matmul_kernel(
                 mask=n_mask[:, None, None] & g_mask[None, :, None],
                 other=0,
             )
-            s = tl.load(s_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
-            b = tl.load(b_rows + g0 + rg[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
+            sb_mask = n_mask[:, None] & g_mask[None, :]
+            s = tl.load(s_rows + (g0 + rg[None, :]) * stride_sg, mask=sb_mask, other=0)
+            b = tl.load(b_rows + (g0 + rg[None, :]) * stride_bg, mask=sb_mask, other=0)
         q = unpack_words(words, BITS, BLOCK_N, NG, WPG)
         w = q * s.to(tl.float32)[:, :, None] + b.to(tl.float32)[:, :, None]
         w = tl.reshape(w, [BLOCK_N, BLOCK_K]).to(DOT_DTYPE)
@@ -200,8 +203,8 @@ def _affine_matmul_op(
     (SwiGLU of gate and up rows, or fp32 logits and an argmax key, in the GEMV's epilogue)."""
     _check(x, wq, scales, biases, bits, group_size, swiglu)
     check_head(head_keys, x.shape[0], swiglu)
-    if any(t.stride(1) != 1 for t in (x, wq, scales, biases)):
-        raise ValueError("affine_matmul needs every operand's last dimension contiguous")
+    if any(t.stride(1) != 1 for t in (x, wq)):  # scales and biases may be strided (sb views)
+        raise ValueError("affine_matmul needs x's and wq's last dimension contiguous")
     if wq.dtype == torch.uint32:
         wq = wq.view(torch.int32)
     T, K = x.shape
@@ -244,7 +247,9 @@ def _affine_product(x, wq, scales, biases, bits: int, group_size: int) -> torch.
         x.stride(0),
         wq.stride(0),
         scales.stride(0),
+        scales.stride(1),
         biases.stride(0),
+        biases.stride(1),
         out.stride(0),
         BITS=bits,
         GROUP=group_size,

@@ -187,6 +187,19 @@ def load_words(ptr, ASM: tl.constexpr, NC: tl.constexpr = True):
 
 
 @triton.jit
+def split_halves(word, BF16: tl.constexpr):
+    """An int32 holding two 16-bit floats (low half first in memory) as two fp32 tensors: bf16
+    widens by a shift and a mask, fp16 through a bitcast and a convert."""
+    if BF16:
+        return (word << 16).to(tl.float32, bitcast=True), (word & -65536).to(
+            tl.float32, bitcast=True
+        )
+    lo = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return lo.to(tl.float32), hi.to(tl.float32)
+
+
+@triton.jit
 def load_scalar(ptr, ASM: tl.constexpr):
     """One 16- or 32-bit float a pointer (group scales and biases), layout-neutral like
     load_words."""

@@ -39,7 +39,9 @@ def _embedding_kernel(
     K,
     stride_w,
     stride_s,
+    stride_sg,
     stride_b,
+    stride_bg,
     stride_o,
     KIND: tl.constexpr,
     BITS: tl.constexpr,
@@ -61,7 +63,7 @@ def _embedding_kernel(
     if KIND == 0:
         val = tl.load(w_ptr + row * stride_w + cols, mask=mask, other=0)
     else:
-        scale = tl.load(s_ptr + row * stride_s + cols // GROUP, mask=mask, other=0)
+        scale = tl.load(s_ptr + row * stride_s + cols // GROUP * stride_sg, mask=mask, other=0)
         if KIND == 1:
             q = tl.load(w_ptr + row * stride_w + cols, mask=mask, other=0).to(tl.float32)
             val = q * scale.to(tl.float32)
@@ -69,7 +71,7 @@ def _embedding_kernel(
             PER: tl.constexpr = 32 // BITS
             word = tl.load(w_ptr + row * stride_w + cols // PER, mask=mask, other=0)
             q = (word >> ((cols % PER) * BITS)) & ((1 << BITS) - 1)  # (the mask drops sign bits)
-            bias = tl.load(b_ptr + row * stride_b + cols // GROUP, mask=mask, other=0)
+            bias = tl.load(b_ptr + row * stride_b + cols // GROUP * stride_bg, mask=mask, other=0)
             val = q.to(tl.float32) * scale.to(tl.float32) + bias.to(tl.float32)
     tl.store(out_ptr + t * stride_o + cols, val.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -114,7 +116,9 @@ def _launch(ids, w, s, b, K, dtype, kind: int, bits: int, group: int, take_last)
         K,
         w.stride(0),
         s.stride(0),
+        s.stride(1),
         b.stride(0),
+        b.stride(1),
         out.stride(0),
         KIND=kind,
         BITS=bits,

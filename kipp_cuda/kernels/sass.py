@@ -36,8 +36,11 @@ AFFINE_SIG = dict(
     groups_per_split="i32",
     stride_wn="i32",
     stride_sn="i32",
+    stride_sg="i32",
     stride_bn="i32",
+    stride_bg="i32",
 )
+AFFINE_PACKED_SIG = dict(AFFINE_SIG, s_ptr="*i32", b_ptr="*i32")  # (scale, bias) words
 
 
 def available() -> bool:

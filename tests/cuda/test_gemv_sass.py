@@ -40,3 +40,6 @@ def test_int16_x_gemvs_compile_for_sm90_and_use_dp2a(tmp_path):
         assert on["ops"].get("IDP") == on["weights"] / 2, kernel
         assert "IDP" not in off["ops"], kernel
         assert sum(on["ops"].values()) < sum(off["ops"].values()), kernel
+    # interleaved scales and biases: one load a (row, group) fewer, 8 a thread a K step
+    packed, apart = rows["affine4", True], rows["affine4/separate", True]
+    assert packed["ops"]["LDG"] == apart["ops"]["LDG"] - packed["weights"] / 32
