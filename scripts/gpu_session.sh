@@ -66,6 +66,9 @@
 #           config first, same run) into the tuned table, 8B affine4 decode
 #   s16b    8B decode A/B on one machine: the tree before the interleaving (ab_old/, an untracked
 #           `git archive`) against this one, twice; then bf16 and q8_0 at this tree
+#   s16c    the GPU tests s16a's time limit cut off, the 8B affine4 sweep on the wide tile grid
+#           (kernel_sweep.py --wide; each shape's best config then on interleaved and on separate
+#           scales, alternating) into the tuned table, 8B affine4 decode
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -560,6 +563,18 @@ s16a)  # sixteenth session: see the header
     --json "$OUT/sweep_sb.json" 2>&1 | tee "$OUT/sweep_sb.log" | grep -E -A1 "separate|default|wrote|Error" | cut -c1-170
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
   [ "$SECONDS" -lt 480 ] && QUANTS="affine4" decode8 b8p 75
+  ;;
+s16c)  # sixteenth session: see the header
+  step "GPU tests: interleaved scales, quantized GEMVs, fusions, head argmax (-k gpu)"
+  timeout 200 python -m pytest -q -p no:cacheprovider -n 4 --timeout 190 -rf --tb=short -k gpu \
+    tests/cuda/test_scale_bias.py tests/cuda/test_matmul_kernels.py tests/cuda/test_quant_fusions.py \
+    tests/cuda/test_head_argmax.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s16c.log" \
+    | grep -E "FAILED|^E |passed|failed" | head -20
+  step "wide sweep affine4 at 8B shapes on interleaved scales"
+  timeout 240 python scripts/kernel_sweep.py --only affine4 --shapes "8B " --wide --write-configs \
+    --json "$OUT/sweep_wide.json" 2>&1 | tee "$OUT/sweep_wide.log" | grep -E -A1 "default|config:|wrote|Error" | cut -c1-170
+  cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
+  [ "$SECONDS" -lt 500 ] && QUANTS="affine4" decode8 b8w 75
   ;;
 s16b)  # sixteenth session: see the header
   for round in 1 2; do

@@ -143,19 +143,19 @@ def quant_grid(N: int, K: int) -> list[dict]:
     picks it for the row count."""
     dev = torch.device("cuda")
     grid = []
-    for (pt, bg, nw), pf in itertools.product(
-        (
-            (4, 128, 4),
-            (8, 32, 4),
-            (8, 64, 4),
-            (8, 128, 4),
-            (16, 64, 4),
-            (16, 128, 4),
-            (8, 64, 8),
-            (8, 128, 8),
-        ),
-        (True, False),
-    ):
+    tiles = (
+        (4, 128, 4),
+        (8, 32, 4),
+        (8, 64, 4),
+        (8, 128, 4),
+        (16, 64, 4),
+        (16, 128, 4),
+        (8, 64, 8),
+        (8, 128, 8),
+    )
+    if WIDE:  # every (rows a thread, groups a K step, warps) of 2-16 x 32-256 x 4-8
+        tiles = tuple(itertools.product((2, 4, 8, 16), (32, 64, 128, 256), (4, 8)))
+    for (pt, bg, nw), pf in itertools.product(tiles, (True, False)):
         bg = min(bg, triton.next_power_of_2(K // 32))
         bn = pt * 32 * nw // bg
         split = pick_split_k(dev, triton.cdiv(N, bn), triton.cdiv(K // 32, bg), 1)
@@ -202,6 +202,7 @@ def split_grid(default: dict) -> list[dict]:
 
 
 SPLIT_ONLY = False  # --split-k: the quantized shapes sweep split_grid instead
+WIDE = False  # --wide: quant_grid over every tile of its ranges
 
 
 def quant_sweep(rows, family: str, name: str, nbytes: int, default: dict, weights, call, ref):
@@ -246,7 +247,7 @@ def q8(rows, shapes):
 
 def affine4(rows, shapes):
     """On scales and biases interleaved as AffineLinear stores them (one 32-bit load a group);
-    first the default config on separate tensors (two 16-bit loads), the layout's A/B."""
+    then the best config on them and on separate tensors (two 16-bit loads), the layout's A/B."""
     for name, (N, K) in shapes.items():
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         nbytes = N * K // 2 + N * K // 32 * 4
@@ -261,15 +262,7 @@ def affine4(rows, shapes):
             nbytes,
         )
         default = ag.gemv_config(N, K // 32, 32, x.device)
-        apart = [(wq, sb[..., 0].contiguous(), sb[..., 1].contiguous()) for wq, sb in weights]
-        us = graph_us(
-            rotating_call(
-                lambda wq, s, b, x=x, c=default: ag.affine_gemv(x, wq, s, b, 4, 32, c), apart
-            )
-        )
-        print(f"affine4  {name:14} separate {us:7.2f} us {nbytes / us / 1e3:6.0f} GB/s {default}")
-        rows.append({"family": "affine4/separate", "shape": name, "us": us, "bytes": nbytes})
-        del apart
+        call = lambda wq, sb, c, x=x: ag.affine_gemv(x, wq, sb[..., 0], sb[..., 1], 4, 32, c)  # noqa: E731
         quant_sweep(
             rows,
             "affine4",
@@ -277,11 +270,28 @@ def affine4(rows, shapes):
             nbytes,
             default,
             weights,
-            lambda wq, sb, c, x=x: ag.affine_gemv(x, wq, sb[..., 0], sb[..., 1], 4, 32, c),
+            call,
             lambda x=x, w=weights[0]: am.affine_matmul_ref(
                 x, w[0], w[1][..., 0], w[1][..., 1], 4, 32
             ),
         )
+        best = min((r for r in rows[-1]["results"] if "us" in r), key=lambda r: r["us"])["cfg"]
+        apart = [(wq, sb[..., 0].contiguous(), sb[..., 1].contiguous()) for wq, sb in weights]
+        fns = {
+            "interleaved": rotating_call(lambda wq, sb, c=best, f=call: f(wq, sb, c), weights),
+            "separate": rotating_call(
+                lambda wq, s, b, x=x, c=best: ag.affine_gemv(x, wq, s, b, 4, 32, c), apart
+            ),
+        }
+        ab = {k: [] for k in fns}
+        for _ in range(3):  # alternating, so that clocks and L2 state favour neither
+            for k, fn in fns.items():
+                ab[k].append(graph_us(fn))
+        us = {k: min(v) for k, v in ab.items()}
+        print(f"{'':24} best config: interleaved {us['interleaved']:7.2f} us, "
+              f"separate {us['separate']:7.2f} us (best of 3 each)")  # fmt: skip
+        rows.append({"family": "affine4/ab", "shape": name, "cfg": best, "us": ab})
+        del apart
 
 
 def small(rows):
@@ -340,9 +350,10 @@ def main() -> None:
         help=f"merge each GEMV shape's fastest config into {TUNED}",
     )
     p.add_argument("--split-k", action="store_true", help="quantized shapes: split_grid only")
+    p.add_argument("--wide", action="store_true", help="quantized shapes: the wide tile grid")
     args = p.parse_args()
-    global SPLIT_ONLY
-    SPLIT_ONLY = args.split_k
+    global SPLIT_ONLY, WIDE
+    SPLIT_ONLY, WIDE = args.split_k, args.wide
     torch.manual_seed(0)
     triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
     picks = args.shapes.split(",")  # any of these substrings; "" takes every shape
