@@ -64,8 +64,9 @@
 #   s16a    sixteenth session: affine scales and biases interleaved (one 32-bit load a group):
 #           the affine GPU tests, the 8B affine4 sweep on that layout (separate tensors' default
 #           config first, same run) into the tuned table, 8B affine4 decode
-#   s16b    8B decode A/B on one machine: the tree before the interleaving (ab_old/, an untracked
-#           `git archive`) against this one, twice; then bf16 and q8_0 at this tree
+#   s16b    the affine4 step's parts; 8B affine4 decode A/B on one machine: the tree before the
+#           interleaving (ab_old/, an untracked `git archive`) against this one; affine4 at prompt
+#           128; bf16 and q8_0; the 0.6B targets
 #   s16c    the GPU tests s16a's time limit cut off, the 8B affine4 sweep on the wide tile grid
 #           (kernel_sweep.py --wide; each shape's best config then on interleaved and on separate
 #           scales, alternating) into the tuned table, 8B affine4 decode
@@ -577,11 +578,14 @@ s16c)  # sixteenth session: see the header
   [ "$SECONDS" -lt 500 ] && QUANTS="affine4" decode8 b8w 75
   ;;
 s16b)  # sixteenth session: see the header
-  for round in 1 2; do
-    [ -d ab_old ] && (cd ab_old && PYTHONPATH=$PWD QUANTS="affine4" decode8 "old$round" 75)
-    QUANTS="affine4" decode8 "new$round" 75
-  done
-  QUANTS="none q8_0" decode8 b8 75
+  step "where the affine4 step goes (context 2,100)"
+  timeout 100 python scripts/step_ablation.py --quants affine4 --context 2100 \
+    --variants "full,attn,gemv" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/ablate_s16.log" | tail -4
+  [ -d ab_old ] && (cd ab_old && PYTHONPATH=$PWD QUANTS="affine4" decode8 old 75)
+  QUANTS="affine4" decode8 new 75
+  QUANTS="affine4" decode8 p128 75 128
+  QUANTS="none q8_0" decode8 b8 80
+  targets06 t06
   ;;
 s15i)  # fifteenth session: see the header
   step "GPU tests: decode attention"
