@@ -70,6 +70,9 @@
 #   s16c    the GPU tests s16a's time limit cut off, the 8B affine4 sweep on the wide tile grid
 #           (kernel_sweep.py --wide; each shape's best config then on interleaved and on separate
 #           scales, alternating) into the tuned table, 8B affine4 decode
+#   s16d    the last call: the GPU tests the interleaving touches (backend, conformance, quantized
+#           fusions, staging; not MLX; names logged as they finish), then the 16,384-token 8B
+#           prefill if time is left
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -576,6 +579,18 @@ s16c)  # sixteenth session: see the header
     --json "$OUT/sweep_wide.json" 2>&1 | tee "$OUT/sweep_wide.log" | grep -E -A1 "default|config:|wrote|Error" | cut -c1-170
   cp kipp_cuda/kernels/configs/h200_gemv.json "$OUT/"
   [ "$SECONDS" -lt 500 ] && QUANTS="affine4" decode8 b8w 75
+  ;;
+s16d)  # sixteenth session: see the header
+  step "GPU tests the interleaving touches: backend, conformance, quantized fusions, staging"
+  timeout 280 python -m pytest -v -p no:cacheprovider -n 6 --timeout 260 -rf --tb=short \
+    tests/cuda/test_backend.py tests/cuda/test_quant_fusions.py tests/cuda/test_quant.py \
+    tests/cuda/test_runner_staging.py tests/conformance -k "not mlx" 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s16d.log" | grep -E "FAILED|^E |passed|failed" | head -30
+  [ "$SECONDS" -lt 400 ] || exit 0
+  step "8B 16k prefill"
+  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
   ;;
 s16b)  # sixteenth session: see the header
   step "where the affine4 step goes (context 2,100)"
