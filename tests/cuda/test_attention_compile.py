@@ -16,19 +16,42 @@ from kipp_cuda.kernels.decode_attention import _paged_decode_attention_kernel as
 
 PTRS = dict(out_ptr="*bf16", mid_o_ptr="*fp32", mid_lse_ptr="*fp32", counters_ptr="*i32",
             q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", k_scale_ptr="*bf16",
-            v_scale_ptr="*bf16", block_tables_ptr="*i32", context_lens_ptr="*i32")
+            v_scale_ptr="*bf16", block_tables_ptr="*i32", context_lens_ptr="*i32",
+            l2_table_ptr="*i64")
 sig = {n: PTRS.get(n, "i32" if n.startswith("stride") or n == "num_splits" else "constexpr")
        for n in K.arg_names}
 sig["qk_scale"] = "fp32"
-for prefetch in (False, True):
+
+
+def ptx(prefetch, ranges=0, lines=0):
     consts = dict(G=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_N=64, PAGE_SIZE=32, IS_Q8=False,
                   ONE_SPLIT=False, MIN_TILES=1, DOT_DTYPE=tl.bfloat16, PRECISION="tf32",
                   FUSED_MERGE=True, MERGE_H=4, BLOCK_S=64, CHUNK_S=32, MERGE_PEEL=True, PDL=True,
-                  PREFETCH=prefetch)
+                  PREFETCH=prefetch, L2_RANGES=ranges, L2_LINES=lines)
     src = ASTSource(fn=K, signature=sig, constexprs=consts)
-    ptx = triton.compile(src, target=sass.TARGET, options=dict(num_warps=4)).asm["ptx"]
-    print(sum("ld.global" in line and ".cg" in line for line in ptx.splitlines()))
+    return triton.compile(src, target=sass.TARGET, options=dict(num_warps=4)).asm["ptx"]
 """
+_RELOAD = (
+    _COMPILE
+    + """
+for prefetch in (False, True):
+    print(sum("ld.global" in line and ".cg" in line for line in ptx(prefetch).splitlines()))
+"""
+)
+# For each L2 mode: the line of the first weight prefetch, of the PDL wait, and the prefetches'
+# count (PTX lines) with 0 and 3 ranges.
+_L2 = (
+    _COMPILE
+    + """
+for lines in (0, 256):
+    want = "cp.async.bulk.prefetch.L2" if lines == 0 else "prefetch.global.L2"
+    text = ptx(True, 3, lines).splitlines()
+    first = next(i for i, t in enumerate(text) if want in t)
+    wait = next(i for i, t in enumerate(text) if "griddepcontrol.wait" in t)
+    none = sum(want in t for t in ptx(True, 0, lines).splitlines())
+    print(first, wait, none, sum(want in t for t in text))
+"""
+)
 
 
 @pytest.mark.skipif(not sass.available(), reason="this Triton ships no CUDA toolchain")
@@ -37,5 +60,17 @@ def test_first_tile_reload_after_the_pdl_wait_reads_through_l2():
     holding the new token loads it again after. A plain load may hit the early load's stale lines
     in this SM's L1, so the reload is .cg: the prefetching kernel has more .cg loads (the reload's
     K and V) than the one without (the split merge's alone)."""
-    plain, prefetch = (int(n) for n in compile_offline(_COMPILE).split())
+    plain, prefetch = (int(n) for n in compile_offline(_RELOAD).split())
     assert plain > 0 and prefetch > plain
+
+
+@pytest.mark.skipif(not sass.available(), reason="this Triton ships no CUDA toolchain")
+def test_weight_prefetch_goes_before_the_pdl_wait():
+    """The next GEMVs' weights are asked into L2 (l2_prefetch.py) before the PDL wait, so that
+    HBM streams them while the kernel before still runs, and only when ranges are given: one bulk
+    prefetch a range, or the line prefetches' loop."""
+    rows = [[int(n) for n in line.split()] for line in compile_offline(_L2).splitlines()]
+    bulk, lines = rows
+    for first, wait, none, _ in rows:
+        assert first < wait and none == 0
+    assert bulk[3] == 3 and lines[3] >= 1
