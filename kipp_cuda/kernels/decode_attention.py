@@ -31,7 +31,7 @@ import triton.language as tl
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.decode_tiles import attend_run, load_tile
 from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
-from kipp_cuda.kernels.l2_prefetch import line_mode, prefetch_ranges
+from kipp_cuda.kernels.l2_prefetch import load_ranges, prefetch_at_end, prefetch_ranges
 from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
@@ -108,16 +108,18 @@ def _paged_decode_attention_kernel(
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     L2_RANGES: tl.constexpr,
-    L2_LINES: tl.constexpr,
+    L2_AT_END: tl.constexpr,
 ):
     pdl_trigger(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
-    if L2_RANGES > 0:  # the next GEMVs' weights into L2 while HBM idles here (l2_prefetch.py)
-        p = (b * tl.num_programs(1) + h) * tl.num_programs(2) + split
-        n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        prefetch_ranges(l2_table_ptr, p, n, L2_RANGES, L2_LINES)
+    # the next GEMVs' weights into L2 while HBM idles (l2_prefetch.py): this program's share
+    l2_p = (b * tl.num_programs(1) + h) * tl.num_programs(2) + split
+    l2_n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    l2_ranges = load_ranges(l2_table_ptr, L2_RANGES)
+    if not L2_AT_END:
+        prefetch_ranges(l2_ranges, l2_p, l2_n, L2_RANGES)
     rg = tl.arange(0, BLOCK_G)
     rd = tl.arange(0, HEAD_DIM)
     g_mask = rg < G
@@ -232,6 +234,8 @@ def _paged_decode_attention_kernel(
             mask=g_mask,
         )
     if not ONE_SPLIT:
+        if L2_AT_END:  # after this program's K/V loads: they do not queue behind the prefetch
+            prefetch_ranges(l2_ranges, l2_p, l2_n, L2_RANGES)
         if FUSED_MERGE:
             # As matmul_tiles.store_tile: every thread's partial is stored before the barrier,
             # the one atomic releases them all and acquires everyone else's; its old value,
@@ -375,7 +379,7 @@ def _paged_decode_attention_op(
         num_stages=NUM_STAGES if one_split else NUM_STAGES_SPLIT,
         PDL=bool(pdl),
         L2_RANGES=0 if l2 is None else l2.shape[0],
-        L2_LINES=line_mode() if l2 is not None else 0,
+        L2_AT_END=l2 is not None and prefetch_at_end(),
         **pdl,
     )
     if not one_split and not fused:

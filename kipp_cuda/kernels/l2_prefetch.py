@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 DEFAULT_MB = 24.0
-LINE_BYTES = 128
 
 # One thread (thread 0 of the program) prefetches [$1, $1 + $2) rounded inward to 16 bytes, as
 # cp.async.bulk needs; an empty range issues nothing. $0 is the dummy output inline asm requires.
@@ -45,46 +44,33 @@ cvt.u32.u64 t, e;
 mov.u32 $0, 0;
 }""")
 
-# Each thread prefetches the 128-byte line at $1 when $2 != 0.
-_LINE_ASM = tl.constexpr("""{
-.reg .pred p;
-setp.ne.s32 p, $2, 0;
-@p prefetch.global.L2 [$1];
-mov.u32 $0, 0;
-}""")
+
+@triton.jit
+def load_ranges(table_ptr, NUM_RANGES: tl.constexpr):
+    """The (address, bytes) rows of table_ptr as a flat tuple of scalars: loaded at a kernel's
+    start (they never change), so that a prefetch issued later waits for no load."""
+    ranges = ()
+    for r in tl.static_range(NUM_RANGES):
+        ranges = ranges + (tl.load(table_ptr + 2 * r), tl.load(table_ptr + 2 * r + 1))
+    return ranges
 
 
 @triton.jit
-def prefetch_ranges(table_ptr, p, num_programs, NUM_RANGES: tl.constexpr, LINES: tl.constexpr):
-    """Program p of num_programs asks for its share of each (address, bytes) row of table_ptr
-    to be moved into L2: with LINES == 0 one bulk prefetch a range (thread 0), else LINES threads'
-    line prefetches at a time."""
+def prefetch_ranges(ranges, p, num_programs, NUM_RANGES: tl.constexpr):
+    """Program p of num_programs asks for its share of each range (load_ranges) to be moved
+    into L2: one bulk prefetch a range, issued by thread 0."""
     for r in tl.static_range(NUM_RANGES):
-        addr = tl.load(table_ptr + 2 * r)
-        nbytes = tl.load(table_ptr + 2 * r + 1)
+        nbytes = ranges[2 * r + 1]
         chunk = (tl.cdiv(nbytes, num_programs) + 127) // 128 * 128
         lo = p.to(tl.int64) * chunk
-        size = tl.maximum(tl.minimum(chunk, nbytes - lo), 0)
-        if LINES == 0:
-            tl.inline_asm_elementwise(
-                asm=_BULK_ASM,
-                constraints="=r,l,l",
-                args=[addr + lo, size],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
-        else:
-            offs = tl.arange(0, LINES).to(tl.int64) * 128
-            for start in range(0, size, LINES * 128):
-                tl.inline_asm_elementwise(
-                    asm=_LINE_ASM,
-                    constraints="=r,l,r",
-                    args=[addr + lo + start + offs, (start + offs < size).to(tl.int32)],
-                    dtype=tl.int32,
-                    is_pure=False,
-                    pack=1,
-                )
+        tl.inline_asm_elementwise(
+            asm=_BULK_ASM,
+            constraints="=r,l,l",
+            args=[ranges[2 * r] + lo, tl.maximum(tl.minimum(chunk, nbytes - lo), 0)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 def budget_bytes(device: torch.device) -> int:
@@ -96,9 +82,10 @@ def budget_bytes(device: torch.device) -> int:
     return int(min(mb * 2**20, l2))
 
 
-def line_mode() -> int:
-    """Threads a line-prefetch step (KIPP_CUDA_L2_PREFETCH_LINES; 0: bulk prefetches)."""
-    return int(os.environ.get("KIPP_CUDA_L2_PREFETCH_LINES", "0"))
+def prefetch_at_end() -> bool:
+    """Where decode attention prefetches: at its end (default), after its own K/V loads, or at
+    its start (KIPP_CUDA_L2_PREFETCH_AT=start), before its PDL wait."""
+    return os.environ.get("KIPP_CUDA_L2_PREFETCH_AT", "end").strip() != "start"
 
 
 def weight_ranges(modules: list[tuple[torch.nn.Module, int]], budget: int) -> list[tuple[int, int]]:

@@ -23,11 +23,11 @@ sig = {n: PTRS.get(n, "i32" if n.startswith("stride") or n == "num_splits" else 
 sig["qk_scale"] = "fp32"
 
 
-def ptx(prefetch, ranges=0, lines=0):
+def ptx(prefetch, ranges=0, at_end=False):
     consts = dict(G=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_N=64, PAGE_SIZE=32, IS_Q8=False,
                   ONE_SPLIT=False, MIN_TILES=1, DOT_DTYPE=tl.bfloat16, PRECISION="tf32",
                   FUSED_MERGE=True, MERGE_H=4, BLOCK_S=64, CHUNK_S=32, MERGE_PEEL=True, PDL=True,
-                  PREFETCH=prefetch, L2_RANGES=ranges, L2_LINES=lines)
+                  PREFETCH=prefetch, L2_RANGES=ranges, L2_AT_END=at_end)
     src = ASTSource(fn=K, signature=sig, constexprs=consts)
     return triton.compile(src, target=sass.TARGET, options=dict(num_warps=4)).asm["ptx"]
 """
@@ -38,18 +38,19 @@ for prefetch in (False, True):
     print(sum("ld.global" in line and ".cg" in line for line in ptx(prefetch).splitlines()))
 """
 )
-# For each L2 mode: the line of the first weight prefetch, of the PDL wait, and the prefetches'
-# count (PTX lines) with 0 and 3 ranges.
+# At the start and at the end: the PTX lines of the first weight prefetch, the PDL wait and the
+# merge's atomic, and the prefetches' count with 0 and with 3 ranges.
 _L2 = (
     _COMPILE
     + """
-for lines in (0, 256):
-    want = "cp.async.bulk.prefetch.L2" if lines == 0 else "prefetch.global.L2"
-    text = ptx(True, 3, lines).splitlines()
+want = "cp.async.bulk.prefetch.L2"
+for at_end in (False, True):
+    text = ptx(True, 3, at_end).splitlines()
     first = next(i for i, t in enumerate(text) if want in t)
     wait = next(i for i, t in enumerate(text) if "griddepcontrol.wait" in t)
-    none = sum(want in t for t in ptx(True, 0, lines).splitlines())
-    print(first, wait, none, sum(want in t for t in text))
+    atom = next(i for i, t in enumerate(text) if "atom." in t)
+    none = sum(want in t for t in ptx(True, 0, at_end).splitlines())
+    print(first, wait, atom, none, sum(want in t for t in text))
 """
 )
 
@@ -65,12 +66,11 @@ def test_first_tile_reload_after_the_pdl_wait_reads_through_l2():
 
 
 @pytest.mark.skipif(not sass.available(), reason="this Triton ships no CUDA toolchain")
-def test_weight_prefetch_goes_before_the_pdl_wait():
-    """The next GEMVs' weights are asked into L2 (l2_prefetch.py) before the PDL wait, so that
-    HBM streams them while the kernel before still runs, and only when ranges are given: one bulk
-    prefetch a range, or the line prefetches' loop."""
+def test_weight_prefetch_goes_before_the_wait_or_after_the_kv_loads():
+    """The next GEMVs' weights are asked into L2 (l2_prefetch.py) only when ranges are given, one
+    bulk prefetch a range: at the start before the PDL wait, or at the end after this program's
+    attention (its K/V loads have returned) and before the merge's atomic."""
     rows = [[int(n) for n in line.split()] for line in compile_offline(_L2).splitlines()]
-    bulk, lines = rows
-    for first, wait, none, _ in rows:
-        assert first < wait and none == 0
-    assert bulk[3] == 3 and lines[3] >= 1
+    (first, wait, atom, none, some), (first_e, wait_e, atom_e, none_e, some_e) = rows
+    assert first < wait and wait_e < first_e < atom_e
+    assert none == none_e == 0 and some == some_e == 3

@@ -49,20 +49,21 @@ def test_dense_weights_and_the_budget_off_a_gpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (graphs, PTX)")
 @pytest.mark.parametrize("quant", [None, "q8_0", "affine4"])
-@pytest.mark.parametrize("lines", ["0", "256"])
-def test_gpu_decode_with_the_prefetch_equals_without(tiny_path, monkeypatch, quant, lines):
+@pytest.mark.parametrize("at", ["start", "end"])
+def test_gpu_decode_with_the_prefetch_equals_without(tiny_path, monkeypatch, quant, at):
     """A prefetch moves bytes into L2 and computes nothing: decode through CUDA graphs gives the
-    same tokens and logprobs, bit for bit, with it (bulk and line prefetches) and without it."""
+    same tokens and logprobs, bit for bit, with it (at the kernel's start or end) and without it."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=3)
     prompts = [list(range(3, 3 + n)) for n in (1, 37, 130)]
-    monkeypatch.setenv("KIPP_CUDA_L2_PREFETCH_LINES", lines)
+    monkeypatch.setenv("KIPP_CUDA_L2_PREFETCH_AT", at)
     monkeypatch.setenv("KIPP_CUDA_L2_PREFETCH_MB", "64")
-    on = LLM(str(tiny_path), backend="cuda", dtype="bfloat16", quant=quant)
+    kw = dict(backend="cuda", dtype="bfloat16", quant=quant, kv_cache_memory="2GiB")
+    on = LLM(str(tiny_path), **kw)
     layer = on.engine.backend.model.layers[0]
     assert layer.l2_table(torch.device("cuda")) is not None
     got = on.generate(prompts, params)
     monkeypatch.setenv("KIPP_CUDA_L2_PREFETCH_MB", "0")
-    off = LLM(str(tiny_path), backend="cuda", dtype="bfloat16", quant=quant)
+    off = LLM(str(tiny_path), **kw)
     want = off.generate(prompts, params)
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids
