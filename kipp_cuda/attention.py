@@ -59,15 +59,8 @@ def store_qkv(
     return q
 
 
-def attention(
-    q: torch.Tensor,
-    kv: LayerKV,
-    meta: AttentionMetadata,
-    scale: float,
-    l2_prefetch: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q [T, Hq, D] over the cached context (this step's K/V already stored) -> [T, Hq, D].
-    l2_prefetch: weight ranges a split decode launch moves into L2 (kernels/l2_prefetch.py)."""
+def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, Hq, D] over the cached context (this step's K/V already stored) -> [T, Hq, D]."""
     if meta.is_decode:
         return paged_decode_attention(
             q,
@@ -79,7 +72,6 @@ def attention(
             kv.k_scale,
             kv.v_scale,
             meta.max_context_len,
-            l2_prefetch=l2_prefetch,
         )
     return paged_prefill_attention(
         q,

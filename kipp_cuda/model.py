@@ -17,9 +17,8 @@ from kipp_core.config import ModelConfig
 from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
 from kipp_cuda.kernels.embedding import take_last_ids
 from kipp_cuda.kernels.head_argmax import finish_argmax, new_argmax_keys
-from kipp_cuda.kernels.l2_prefetch import budget_bytes, prefetch_table, weight_ranges
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
-from kipp_cuda.layers import DenseLinear, embed, swiglu_mlp
+from kipp_cuda.layers import embed, swiglu_mlp
 from kipp_cuda.tp_reduce import TPReduce
 
 
@@ -42,18 +41,6 @@ class Qwen3Layer(nn.Module):
         self.down_proj = modules["down_proj"]
         for name, w in norms.items():  # input_layernorm, post_attention_layernorm, q_norm, k_norm
             self.register_buffer(name, w)
-        self._l2_tables: dict[int, torch.Tensor | None] = {}
-
-    def l2_table(self, device: torch.device) -> torch.Tensor | None:
-        """The weight ranges decode attention prefetches into L2 for the GEMVs after it: o_proj,
-        then a prefix of gate_up's gate and up rows (its quantized programs read them in pairs),
-        up to the budget. Made on first use (a graph's warm-up, before capture)."""
-        budget = budget_bytes(device)
-        if budget not in self._l2_tables:
-            parts = 1 if isinstance(self.gate_up_proj, DenseLinear) else 2
-            ranges = weight_ranges([(self.o_proj, 1), (self.gate_up_proj, parts)], budget)
-            self._l2_tables[budget] = prefetch_table(ranges, device)
-        return self._l2_tables[budget]
 
     def forward(self, positions, hidden, residual, kv: LayerKV, meta: AttentionMetadata, cos_sin):
         # hidden: this rank's partial of the layer input (the embedding or the previous layer's
@@ -61,8 +48,7 @@ class Qwen3Layer(nn.Module):
         h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
         T = h.shape[0]
         q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
-        l2 = self.l2_table(h.device) if meta.is_decode else None
-        a = attention(q, kv, meta, self.head_dim**-0.5, l2)
+        a = attention(q, kv, meta, self.head_dim**-0.5)
         h, residual = self.tp.reduce_norm(
             self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
         )

@@ -73,12 +73,6 @@
 #   s16d    the last call: the GPU tests the interleaving touches (backend, conformance, quantized
 #           fusions, staging; not MLX; names logged as they finish), then the 16,384-token 8B
 #           prefill if time is left
-#   s17a    seventeenth session: decode attention prefetches the next GEMVs' weights into L2
-#           (kernels/l2_prefetch.py): its GPU tests, the 8B steps at budgets 0-48 MB and with line
-#           prefetches, 8B decode with it and without it (KIPP_CUDA_L2_PREFETCH_MB=0), same machine
-#   s17b    the prefetch issued at the end of each attention program (after its K/V loads) instead
-#           of at its start: GPU tests (prefetch on equals off, decode attention), 8B steps at
-#           budgets 0-36 MB, 8B decode with it and without it
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -597,39 +591,6 @@ s16d)  # sixteenth session: see the header
   timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
-  ;;
-s17a)  # seventeenth session: see the header
-  step "GPU tests: L2 prefetch (on equals off), attention compile"
-  timeout 150 python -m pytest -v -p no:cacheprovider -n 6 --timeout 140 -rf --tb=short \
-    tests/cuda/test_l2_prefetch.py tests/cuda/test_attention_compile.py 2>&1 \
-    | grep -vE "Warn|warn" | tee "$OUT/tests_s17a.log" | grep -E "FAILED|^E |passed|failed" | head -20
-  step "8B steps: L2 prefetch budgets (MB) and modes, context 2,100"
-  e=env:KIPP_CUDA_L2_PREFETCH_MB
-  timeout 200 python scripts/step_ablation.py --quants affine4 --context 2100 --variants \
-    "$e=0,full,$e=12,$e=36,$e=48,env:KIPP_CUDA_L2_PREFETCH_LINES=256,$e=0.0,$e=24" 2>&1 \
-    | grep -vE "Warn|warn" | tee "$OUT/l2_affine4.log" | tail -4
-  timeout 200 python scripts/step_ablation.py --quants q8_0,none --context 2100 --variants \
-    "$e=0,full,$e=36,$e=0.0,$e=24" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/l2_q8_bf16.log" | tail -5
-  QUANTS="affine4" decode8 on 75
-  KIPP_CUDA_L2_PREFETCH_MB=0 QUANTS="affine4" decode8 off 75
-  QUANTS="affine4" decode8 on2 75
-  [ "$SECONDS" -lt 480 ] && QUANTS="q8_0" decode8 on 75
-  ;;
-s17b)  # seventeenth session: see the header
-  step "GPU tests: L2 prefetch (on equals off), decode attention"
-  timeout 200 python -m pytest -v -p no:cacheprovider -n 4 --timeout 190 -rf --tb=short \
-    tests/cuda/test_l2_prefetch.py tests/cuda/test_attention_kernels_gpu.py -k "prefetch or decode" \
-    2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s17b.log" | grep -E "FAILED|^E |passed|failed" | head -20
-  step "8B steps: L2 prefetch at the end of attention, budgets (MB), context 2,100"
-  e=env:KIPP_CUDA_L2_PREFETCH_MB
-  timeout 200 python scripts/step_ablation.py --quants affine4 --context 2100 --variants \
-    "$e=0,full,$e=12,$e=36,env:KIPP_CUDA_L2_PREFETCH_AT=start,$e=0.0,$e=24" 2>&1 \
-    | grep -vE "Warn|warn" | tee "$OUT/l2_affine4.log" | tail -3
-  timeout 200 python scripts/step_ablation.py --quants q8_0,none --context 2100 --variants \
-    "$e=0,full,$e=12,$e=0.0,$e=24" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/l2_q8_bf16.log" | tail -4
-  QUANTS="affine4" decode8 on 75
-  KIPP_CUDA_L2_PREFETCH_MB=0 QUANTS="affine4" decode8 off 75
-  QUANTS="affine4" decode8 on2 75
   ;;
 s16b)  # sixteenth session: see the header
   step "where the affine4 step goes (context 2,100)"

@@ -43,7 +43,7 @@ def _no_act(x):
     return x[:, : x.shape[1] // 2]
 
 
-def _no_attn(q, kv, meta, scale, l2_prefetch=None):
+def _no_attn(q, kv, meta, scale):
     return q
 
 

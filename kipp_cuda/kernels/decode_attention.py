@@ -31,7 +31,6 @@ import triton.language as tl
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.decode_tiles import attend_run, load_tile
 from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
-from kipp_cuda.kernels.l2_prefetch import load_ranges, prefetch_at_end, prefetch_ranges
 from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
@@ -71,7 +70,6 @@ def _paged_decode_attention_kernel(
     v_scale_ptr,
     block_tables_ptr,
     context_lens_ptr,
-    l2_table_ptr,
     qk_scale,
     num_splits,
     stride_qb,
@@ -107,19 +105,11 @@ def _paged_decode_attention_kernel(
     MERGE_PEEL: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
-    L2_RANGES: tl.constexpr,
-    L2_AT_END: tl.constexpr,
 ):
     pdl_trigger(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
-    # the next GEMVs' weights into L2 while HBM idles (l2_prefetch.py): this program's share
-    l2_p = (b * tl.num_programs(1) + h) * tl.num_programs(2) + split
-    l2_n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    l2_ranges = load_ranges(l2_table_ptr, L2_RANGES)
-    if not L2_AT_END:
-        prefetch_ranges(l2_ranges, l2_p, l2_n, L2_RANGES)
     rg = tl.arange(0, BLOCK_G)
     rd = tl.arange(0, HEAD_DIM)
     g_mask = rg < G
@@ -234,8 +224,6 @@ def _paged_decode_attention_kernel(
             mask=g_mask,
         )
     if not ONE_SPLIT:
-        if L2_AT_END:  # after this program's K/V loads: they do not queue behind the prefetch
-            prefetch_ranges(l2_ranges, l2_p, l2_n, L2_RANGES)
         if FUSED_MERGE:
             # As matmul_tiles.store_tile: every thread's partial is stored before the barrier,
             # the one atomic releases them all and acquires everyone else's; its old value,
@@ -291,7 +279,6 @@ def _paged_decode_attention_op(
     max_context_len: int | None = None,
     num_splits: int | None = None,
     fused_merge: bool | None = None,
-    l2_prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context.
 
@@ -302,8 +289,6 @@ def _paged_decode_attention_op(
     split count; None reads context_lens.max(), a host sync. `fused_merge` (None: FUSED_MERGE)
     merges the splits in the attention kernel rather than in a second one; its counters are
     allocated by the first call of a given B * Hkv, so make one before CUDA-graph capture.
-    l2_prefetch (int64 [R, 2] of address, bytes; l2_prefetch.py): ranges the split programs ask
-    to be moved into L2 (a hint for the GEMVs after; ignored by one-split launches).
     Returns [B, Hq, D] in q's dtype.
     """
     B, num_q_heads, head_dim = q.shape
@@ -335,7 +320,6 @@ def _paged_decode_attention_op(
     dt = dot_dtype(q.dtype)
     s_strides = k_scale.stride()[:3] if is_q8 else (0, 0, 0)
     pdl = launch_kwargs(q.device)
-    l2 = l2_prefetch if l2_prefetch is not None and not one_split else None
     _paged_decode_attention_kernel[(B, num_kv_heads, num_splits)](
         out,
         mid_o,
@@ -348,7 +332,6 @@ def _paged_decode_attention_op(
         v_scale,
         block_tables,
         context_lens,
-        l2 if l2 is not None else context_lens,  # (unused without ranges)
         scale * LOG2E,
         num_splits,
         q.stride(0),
@@ -378,8 +361,6 @@ def _paged_decode_attention_op(
         num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT,
         num_stages=NUM_STAGES if one_split else NUM_STAGES_SPLIT,
         PDL=bool(pdl),
-        L2_RANGES=0 if l2 is None else l2.shape[0],
-        L2_AT_END=l2 is not None and prefetch_at_end(),
         **pdl,
     )
     if not one_split and not fused:
@@ -399,7 +380,6 @@ def paged_decode_attention_ref(
     max_context_len: int | None = None,
     num_splits: int | None = None,
     fused_merge: bool | None = None,
-    l2_prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     B, num_q_heads, head_dim = q.shape
     check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
