@@ -3,10 +3,13 @@ attention metadata, runs the model, and samples on the device.
 
 CUDA graphs, captured at start-up and sharing one memory pool:
 - decode at bucketed batch sizes, the vocabulary head included (the graph's output is the logits);
-- single-sequence prefill of up to PREFILL_GRAPH_TOKENS[-1] new tokens (a prefix-cache hit, a chat
-  turn, a speculative verification), padded to a bucket. Padding tokens come after the real ones,
-  so causal attention keeps them out of the real rows, and their K/V is not stored (slot -1).
-Graph inputs are staged in one pinned host buffer and uploaded in one copy a step. A decode
+- single-sequence prefill of up to 256 new tokens (a prefix-cache hit, a chat turn, a speculative
+  verification), padded to a bucket; for models whose eager prefill is bound by its launches (the
+  0.6B shape, `prefill_buckets`), buckets up to 2,048 tokens too, so that a whole prompt's prefill
+  is one replay. Padding tokens come after the real ones, so causal attention keeps them out of
+  the real rows, and their K/V is not stored (slot -1).
+Graph inputs are staged in one pinned host buffer and uploaded in one copy a step (the large
+prefill buckets have a buffer of their own, so that a decode step's upload stays small). A decode
 graph writes its argmax into g_last, where the last step's samples always are (copied there when
 they came from elsewhere), and in the steady state (the same sequences, in order) takes its
 PENDING ids from it itself: no device copy between the upload and the replay.
@@ -15,6 +18,7 @@ PENDING ids from it itself: no device copy between the upload and the replay.
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -30,7 +34,28 @@ from kipp_cuda.sampler import sample_tokens, token_logprobs
 from kipp_cuda.staging import FROM, IDS, POS, SLOT, GraphInputs, upload
 
 log = logging.getLogger("kipp")
-PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)  # every model
+LARGE_PREFILL_GRAPH_TOKENS = (512, 1024, 2048)  # models whose eager prefill is launch-bound
+# A 2,048-token forward under this many FLOP (the 0.6B shape: 2.5e12, ~5 ms of H200 work) is
+# bound by its ~250 launches from Python (~10 ms, BENCHMARKS.md), so a padded replay wins even
+# when half of it is padding; above it (1.7B: 7e12) padding would cost more than launches.
+LARGE_PREFILL_MAX_FLOP = 4e12
+
+
+def prefill_buckets(params: float, max_model_len: int) -> list[int]:
+    """Token counts of the single-sequence prefill graphs for a model of `params` parameters (a
+    rank's): up to 256 tokens for any model, up to 2,048 where a 2,048-token forward is under
+    LARGE_PREFILL_MAX_FLOP. KIPP_CUDA_PREFILL_GRAPH_MAX (tokens) sets the largest bucket."""
+    env = os.environ.get("KIPP_CUDA_PREFILL_GRAPH_MAX", "").strip()
+    if env:
+        if not env.isdigit():
+            raise ValueError(f"KIPP_CUDA_PREFILL_GRAPH_MAX must be a token count, got {env!r}")
+        top = int(env)
+    else:
+        small = 2 * params * LARGE_PREFILL_GRAPH_TOKENS[-1] <= LARGE_PREFILL_MAX_FLOP
+        top = LARGE_PREFILL_GRAPH_TOKENS[-1] if small else PREFILL_GRAPH_TOKENS[-1]
+    every = (*PREFILL_GRAPH_TOKENS, *LARGE_PREFILL_GRAPH_TOKENS)
+    return [t for t in every if t <= min(top, max_model_len)]
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -282,11 +307,15 @@ class ModelRunner:
     def capture(self) -> None:
         """Capture the prefill buckets and the decode batch sizes, largest first, in one pool."""
         dev, n = self.device, self.max_num_seqs
-        self.prefill_tokens = [t for t in PREFILL_GRAPH_TOKENS if t <= self.max_model_len]
-        rows = max(n, self.prefill_tokens[-1] if self.prefill_tokens else 1)
+        params = self.model.config.num_params() / self.model.tp_size
+        self.prefill_tokens = prefill_buckets(params, self.max_model_len)
+        small = [t for t in self.prefill_tokens if t <= PREFILL_GRAPH_TOKENS[-1]]
+        large = [t for t in self.prefill_tokens if t > PREFILL_GRAPH_TOKENS[-1]]
         pin = dev.type == "cuda"  # (CPU only in tests that stand in for the graphs)
-        self.inputs = GraphInputs(rows, n, self.max_blocks, dev)
+        self.inputs = GraphInputs(max(n, small[-1] if small else 1), n, self.max_blocks, dev)
         self.g_in, self.g_ctx, self.g_bt = self.inputs.g_in, self.inputs.g_ctx, self.inputs.g_bt
+        # the large prefill buckets' own staging (one sequence)
+        self.large_inputs = GraphInputs(large[-1], 1, self.max_blocks, dev) if large else None
         self.g_cu: dict[int, torch.Tensor] = {}
         self.graph_bs = graph_batch_sizes(n)
         pool = None
@@ -303,15 +332,22 @@ class ModelRunner:
             for key in keys:
                 # Warm-up inputs that read only block 0 and write nothing: one context position
                 # a decode row, `size` positions for the prefill sequence.
-                self.g_in[POS].zero_()
-                self.g_ctx.fill_(1 if key[0] == "decode" else key[1])
+                st = self._staging(*key)
+                st.g_in[POS].zero_()
+                st.g_ctx.fill_(1 if key[0] == "decode" else key[1])
                 if key[0] == "prefill":
-                    self.g_in[POS, : key[1]] = torch.arange(key[1], device=dev)
+                    st.g_in[POS, : key[1]] = torch.arange(key[1], device=dev)
                 fn = self._graph_fn(*key)
                 fn()  # warm-up: compiles kernels and allocates split-K buffers outside capture
                 g, self.graph_out[key] = self._capture(fn, pool)
                 pool = g.pool() if pool is None else pool
                 self.graphs[key] = g
+
+    def _staging(self, kind: str, size: int) -> GraphInputs:
+        """The staged inputs a graph reads: the large prefill buckets' own, else the shared."""
+        if kind == "prefill" and size > PREFILL_GRAPH_TOKENS[-1]:
+            return self.large_inputs
+        return self.inputs
 
     def _capture(self, fn, pool):
         """(graph, its output tensor) for fn, captured into the shared pool."""
@@ -353,12 +389,14 @@ class ModelRunner:
             return run
         # Kept on self: a graph holds raw addresses, so its constant inputs must outlive it.
         cu = self.g_cu[size] = torch.tensor([0, size], dtype=torch.int32, device=self.device)
+        st = self._staging(kind, size)
+        g = st.g_in
 
         def run():
             meta = AttentionMetadata(
                 g[SLOT, :size],
-                self.g_bt[:1],
-                self.g_ctx[:1],
+                st.g_bt[:1],
+                st.g_ctx[:1],
                 is_decode=False,
                 cu_seqlens_q=cu,
                 max_q_len=size,
@@ -373,8 +411,9 @@ class ModelRunner:
         _pending gives it), pad to the graph's size and replay it; returns its output buffer."""
         kind, size = key
         n = len(ids)
-        self.inputs.wait()
-        h, c = self.inputs.h_in_np, self.inputs.h_ctx_np
+        st = self._staging(kind, size)
+        st.wait()
+        h, c = st.h_in_np, st.h_ctx_np
         h[IDS, :n], h[POS, :n], h[SLOT, :n] = ids, positions, slots
         h[IDS, n:size], h[SLOT, n:size] = 0, -1  # padding writes no KV
         if kind == "decode":
@@ -389,8 +428,8 @@ class ModelRunner:
             h[POS, n:size] = positions[-1]
             c[0] = int(ctx[0]) - n + size
             b = 1
-        self.inputs.h_bt_np[:b, : bt.shape[1]] = bt
-        self.inputs.upload(b)
-        self._fill_pending(self.g_in[IDS], pending)
+        st.h_bt_np[:b, : bt.shape[1]] = bt
+        st.upload(b)
+        self._fill_pending(st.g_in[IDS], pending)
         self.graphs[key].replay()
         return self.graph_out[key]

@@ -73,6 +73,12 @@
 #   s16d    the last call: the GPU tests the interleaving touches (backend, conformance, quantized
 #           fusions, staging; not MLX; names logged as they finish), then the 16,384-token 8B
 #           prefill if time is left
+#   s17a, s17b  seventeenth session (at 561ab89 and cbb9123, reverted since): decode attention
+#           prefetching the next GEMVs' weights into L2 (at its start, at its end): the 8B steps at
+#           budgets 0-48 MB (step_ablation.py env:KIPP_CUDA_L2_PREFETCH_MB), 8B affine4 decode A/B
+#   s17c    prefill graphs up to 2,048 tokens for launch-bound models: the graph and conformance
+#           GPU tests, the 0.6B 2,048-token prefill with them and without them
+#           (KIPP_CUDA_PREFILL_GRAPH_MAX=256) alternating on one machine, the 0.6B targets, 8B affine4
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -591,6 +597,22 @@ s16d)  # sixteenth session: see the header
   timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  ;;
+s17c)  # seventeenth session: see the header
+  step "GPU tests: graphs (large prefill buckets), backend, conformance"
+  timeout 280 python -m pytest -v -p no:cacheprovider -n 6 --timeout 260 -rf --tb=short \
+    tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py tests/conformance -k "not mlx" \
+    2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s17c.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  i=0
+  for v in 256 2048 256 2048; do
+    i=$((i + 1))
+    step "0.6B prefill 2,048 tokens, KIPP_CUDA_PREFILL_GRAPH_MAX=$v"
+    KIPP_CUDA_PREFILL_GRAPH_MAX=$v timeout 60 python -m kipp_core.cli.main bench \
+      --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 8 \
+      --kv-cache-memory 16GiB --json "$OUT/p06_${v}_$i.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200
+  done
+  targets06 t06
+  QUANTS="affine4" decode8 b8 75
   ;;
 s16b)  # sixteenth session: see the header
   step "where the affine4 step goes (context 2,100)"

@@ -181,15 +181,16 @@ def test_a_dead_worker_ends_the_process_with_a_clear_message(tiny_path):
 def test_gpu_graph_paths_equal_eager(tiny_path):
     """Decode graphs (logits inside the graph) and single-sequence prefill graphs (padded to a
     bucket) give the eager model's float32 logits and greedy tokens, including a prefix-cache hit
-    whose few new tokens run through the smallest prefill graph."""
-    from kipp_cuda.runner import PREFILL_GRAPH_TOKENS
+    whose few new tokens run through the smallest prefill graph. The tiny model is launch-bound,
+    so its buckets go up to 2,048 tokens (runner.prefill_buckets)."""
+    from kipp_cuda.runner import LARGE_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 
     graphs = LLM(str(tiny_path), backend="cuda", dtype="float32")
     eager = LLM(str(tiny_path), backend="cuda", dtype="float32", enforce_eager=True)
     runner = graphs.backend.runner
-    assert runner.prefill_tokens == list(PREFILL_GRAPH_TOKENS)
+    assert runner.prefill_tokens == [*PREFILL_GRAPH_TOKENS, *LARGE_PREFILL_GRAPH_TOKENS]
     # graph buckets, their edges, and eager above them
-    _graphs_equal_eager(graphs, eager, (1, 5, 16, 17, 100, 256, 300))
+    _graphs_equal_eager(graphs, eager, (1, 5, 16, 17, 100, 256, 300, 1024, 1500, 2048, 2100))
 
 
 def _graphs_equal_eager(graphs, eager, sizes) -> None:

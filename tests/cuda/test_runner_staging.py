@@ -192,3 +192,45 @@ def test_one_sequence_staged_on_its_own_blocks():
     gi.g_bt[1] = 5
     gi.stage_one_sequence(65, 16)
     assert gi.g_bt[0].tolist()[:5] == [0, 1, 2, 3, 4] and gi.g_bt[1].tolist() == [5] * 8
+
+
+def test_prefill_buckets_grow_to_2048_tokens_only_where_launches_dominate(monkeypatch):
+    """Up to 256 tokens for every model; up to 2,048 where a 2,048-token forward is under 4e12
+    FLOP: 2 x 596,049,920 x 2,048 = 2.44e12 for the 0.6B shape, 7.05e12 for 1.7B."""
+    from kipp_core.registry import lookup
+    from kipp_cuda.runner import prefill_buckets
+
+    monkeypatch.delenv("KIPP_CUDA_PREFILL_GRAPH_MAX", raising=False)
+    small = [16, 32, 64, 128, 256]
+    p06, p17 = (lookup(n).config.num_params() for n in ("qwen3-0.6b", "qwen3-1.7b"))
+    assert p06 == 596_049_920
+    assert prefill_buckets(p06, 40960) == small + [512, 1024, 2048]
+    assert prefill_buckets(p17, 40960) == small
+    assert prefill_buckets(p17 / 2, 40960) == small + [512, 1024, 2048]  # a TP=2 rank
+    assert prefill_buckets(p06, 1000) == small + [512]  # never past the model length
+    monkeypatch.setenv("KIPP_CUDA_PREFILL_GRAPH_MAX", "128")
+    assert prefill_buckets(p06, 40960) == [16, 32, 64, 128]
+    monkeypatch.setenv("KIPP_CUDA_PREFILL_GRAPH_MAX", "1024")
+    assert prefill_buckets(p17, 40960) == small + [512, 1024]
+    monkeypatch.setenv("KIPP_CUDA_PREFILL_GRAPH_MAX", "lots")
+    with pytest.raises(ValueError, match="KIPP_CUDA_PREFILL_GRAPH_MAX"):
+        prefill_buckets(p06, 40960)
+
+
+def test_large_prefill_buckets_stage_apart_and_equal_eager(staged, llm_factory):
+    """A prompt of 300 or 600 tokens runs as one replay of the 512- or 1,024-token graph (the
+    tiny model is launch-bound), staged in the large buckets' own buffer, so that a decode
+    step's upload does not grow; its logits and greedy tokens equal the eager runner's."""
+    llm = staged()
+    runner = llm.engine.backend.runner
+    assert runner.prefill_tokens[-3:] == [512, 1024, 2048]
+    assert runner.large_inputs is not None and runner.inputs.h_in_np.shape[1] == 256
+    keys, replay = [], runner._replay
+    runner._replay = lambda key, *a: keys.append(key) or replay(key, *a)
+    eager = llm_factory("cuda", dtype="float32", block_size=8, enforce_eager=True)
+    for n in (300, 600):
+        ids = [(7 * j) % 5000 + 3 for j in range(n)]
+        assert np.abs(llm.logits(ids) - eager.logits(ids)).max() <= 1e-5
+        out = llm.generate([ids], GREEDY)[0].token_ids
+        assert out == eager.generate([ids], GREEDY)[0].token_ids
+    assert ("prefill", 512) in keys and ("prefill", 1024) in keys
