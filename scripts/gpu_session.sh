@@ -79,6 +79,8 @@
 #   s17c    prefill graphs up to 2,048 tokens for launch-bound models: the graph and conformance
 #           GPU tests, the 0.6B 2,048-token prefill with them and without them
 #           (KIPP_CUDA_PREFILL_GRAPH_MAX=256) alternating on one machine, the 0.6B targets, 8B affine4
+#   s17d    the last call: the 0.6B targets with the transformers peer (prefill graphs up to 2,048
+#           tokens), 8B bf16 with the transformers peer, 8B q8_0 and affine4 decode
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -613,6 +615,18 @@ s17c)  # seventeenth session: see the header
   done
   targets06 t06
   QUANTS="affine4" decode8 b8 75
+  ;;
+s17d)  # seventeenth session: see the header
+  step "0.6B targets with the transformers peer"
+  timeout 240 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
+    --max-len 1024 --prefix-len 6890 --kv-cache-memory 48GiB --peers transformers \
+    --json "$OUT/b06.json" --markdown "$OUT/b06.md" 2>&1 | grep -E "\| (kipp|trans)|hroughput|refix" | tail -4
+  step "8B bf16 with the transformers peer"
+  timeout 240 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 2048 --gen-len 128 --kv-cache-memory 16GiB --peers transformers \
+    --json "$OUT/b8_bf16_peer.json" 2>&1 | grep -E "ready|\| (kipp|trans)" | cut -c1-200 | tail -3
+  QUANTS="q8_0 affine4" decode8 b8 75
   ;;
 s16b)  # sixteenth session: see the header
   step "where the affine4 step goes (context 2,100)"
