@@ -1,24 +1,17 @@
-"""The model runner: where scheduling meets tensors. Turns a ModelInput into flat device tensors and
-attention metadata, runs the model, and samples on the device.
-
-CUDA graphs, captured at start-up and sharing one memory pool:
-- decode at bucketed batch sizes, the vocabulary head included (the graph's output is the logits);
-- single-sequence prefill of up to 256 new tokens (a prefix-cache hit, a chat turn, a speculative
-  verification), padded to a bucket; for models whose eager prefill is bound by its launches (the
-  0.6B shape, `prefill_buckets`), buckets up to 2,048 tokens too, so that a whole prompt's prefill
-  is one replay. Padding tokens come after the real ones, so causal attention keeps them out of
-  the real rows, and their K/V is not stored (slot -1).
-Graph inputs are staged in one pinned host buffer and uploaded in one copy a step (the large
-prefill buckets have a buffer of their own, so that a decode step's upload stays small). A decode
-graph writes its argmax into g_last, where the last step's samples always are (copied there when
-they came from elsewhere), and in the steady state (the same sequences, in order) takes its
-PENDING ids from it itself: no device copy between the upload and the replay.
+"""The model runner: turns a ModelInput into flat device tensors and attention metadata, runs the
+model, and samples on the device. CUDA graphs, captured at start-up in one memory pool
+(graph_sizes.py says which): decode at bucketed batch sizes, the vocabulary head included;
+single-sequence prefill padded to a token bucket (padding comes after the real tokens, so causal
+attention keeps it out of the real rows, and its K/V is not stored: slot -1). Graph inputs are
+staged in a pinned host buffer, uploaded in one copy a step (the large prefill buckets have their
+own, so decode's upload stays small). A decode graph writes its argmax into g_last, where the last
+step's samples always are, and in the steady state (the same sequences, in order) takes its
+PENDING ids from it itself.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import torch
@@ -28,39 +21,13 @@ from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda import kv_cache
 from kipp_cuda.attention import AttentionMetadata, LayerKV
+from kipp_cuda.graph_sizes import PREFILL_GRAPH_TOKENS, graph_batch_sizes, prefill_buckets
 from kipp_cuda.model import Qwen3Model
 from kipp_cuda.pending import PendingSamples, PinnedRing, pending_rows
 from kipp_cuda.sampler import sample_tokens, token_logprobs
 from kipp_cuda.staging import FROM, IDS, POS, SLOT, GraphInputs, upload
 
 log = logging.getLogger("kipp")
-PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)  # every model
-LARGE_PREFILL_GRAPH_TOKENS = (512, 1024, 2048)  # models whose eager prefill is launch-bound
-# A 2,048-token forward under this many FLOP (the 0.6B shape: 2.5e12, ~5 ms of H200 work) is
-# bound by its ~250 launches from Python (~10 ms, BENCHMARKS.md), so a padded replay wins even
-# when half of it is padding; above it (1.7B: 7e12) padding would cost more than launches.
-LARGE_PREFILL_MAX_FLOP = 4e12
-
-
-def prefill_buckets(params: float, max_model_len: int) -> list[int]:
-    """Token counts of the single-sequence prefill graphs for a model of `params` parameters (a
-    rank's): up to 256 tokens for any model, up to 2,048 where a 2,048-token forward is under
-    LARGE_PREFILL_MAX_FLOP. KIPP_CUDA_PREFILL_GRAPH_MAX (tokens) sets the largest bucket."""
-    env = os.environ.get("KIPP_CUDA_PREFILL_GRAPH_MAX", "").strip()
-    if env:
-        if not env.isdigit():
-            raise ValueError(f"KIPP_CUDA_PREFILL_GRAPH_MAX must be a token count, got {env!r}")
-        top = int(env)
-    else:
-        small = 2 * params * LARGE_PREFILL_GRAPH_TOKENS[-1] <= LARGE_PREFILL_MAX_FLOP
-        top = LARGE_PREFILL_GRAPH_TOKENS[-1] if small else PREFILL_GRAPH_TOKENS[-1]
-    every = (*PREFILL_GRAPH_TOKENS, *LARGE_PREFILL_GRAPH_TOKENS)
-    return [t for t in every if t <= min(top, max_model_len)]
-
-
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, max_num_seqs + 1, 16))
-    return sorted({s for s in sizes if s <= max_num_seqs} | {max_num_seqs})
 
 
 class ModelRunner:
@@ -309,13 +276,12 @@ class ModelRunner:
         dev, n = self.device, self.max_num_seqs
         params = self.model.config.num_params() / self.model.tp_size
         self.prefill_tokens = prefill_buckets(params, self.max_model_len)
-        small = [t for t in self.prefill_tokens if t <= PREFILL_GRAPH_TOKENS[-1]]
-        large = [t for t in self.prefill_tokens if t > PREFILL_GRAPH_TOKENS[-1]]
+        top, small = (self.prefill_tokens or [1])[-1], PREFILL_GRAPH_TOKENS[-1]
         pin = dev.type == "cuda"  # (CPU only in tests that stand in for the graphs)
-        self.inputs = GraphInputs(max(n, small[-1] if small else 1), n, self.max_blocks, dev)
+        self.inputs = GraphInputs(max(n, min(top, small)), n, self.max_blocks, dev)
         self.g_in, self.g_ctx, self.g_bt = self.inputs.g_in, self.inputs.g_ctx, self.inputs.g_bt
-        # the large prefill buckets' own staging (one sequence)
-        self.large_inputs = GraphInputs(large[-1], 1, self.max_blocks, dev) if large else None
+        # the large prefill buckets stage one sequence in a buffer of their own
+        self.large_inputs = GraphInputs(top, 1, self.max_blocks, dev) if top > small else None
         self.g_cu: dict[int, torch.Tensor] = {}
         self.graph_bs = graph_batch_sizes(n)
         pool = None
@@ -345,9 +311,8 @@ class ModelRunner:
 
     def _staging(self, kind: str, size: int) -> GraphInputs:
         """The staged inputs a graph reads: the large prefill buckets' own, else the shared."""
-        if kind == "prefill" and size > PREFILL_GRAPH_TOKENS[-1]:
-            return self.large_inputs
-        return self.inputs
+        large = kind == "prefill" and size > PREFILL_GRAPH_TOKENS[-1]
+        return self.large_inputs if large else self.inputs
 
     def _capture(self, fn, pool):
         """(graph, its output tensor) for fn, captured into the shared pool."""

@@ -182,8 +182,8 @@ def test_gpu_graph_paths_equal_eager(tiny_path):
     """Decode graphs (logits inside the graph) and single-sequence prefill graphs (padded to a
     bucket) give the eager model's float32 logits and greedy tokens, including a prefix-cache hit
     whose few new tokens run through the smallest prefill graph. The tiny model is launch-bound,
-    so its buckets go up to 2,048 tokens (runner.prefill_buckets)."""
-    from kipp_cuda.runner import LARGE_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
+    so its buckets go up to 2,048 tokens (graph_sizes.prefill_buckets)."""
+    from kipp_cuda.graph_sizes import LARGE_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 
     graphs = LLM(str(tiny_path), backend="cuda", dtype="float32")
     eager = LLM(str(tiny_path), backend="cuda", dtype="float32", enforce_eager=True)

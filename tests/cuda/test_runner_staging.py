@@ -198,7 +198,7 @@ def test_prefill_buckets_grow_to_2048_tokens_only_where_launches_dominate(monkey
     """Up to 256 tokens for every model; up to 2,048 where a 2,048-token forward is under 4e12
     FLOP: 2 x 596,049,920 x 2,048 = 2.44e12 for the 0.6B shape, 7.05e12 for 1.7B."""
     from kipp_core.registry import lookup
-    from kipp_cuda.runner import prefill_buckets
+    from kipp_cuda.graph_sizes import prefill_buckets
 
     monkeypatch.delenv("KIPP_CUDA_PREFILL_GRAPH_MAX", raising=False)
     small = [16, 32, 64, 128, 256]
