@@ -28,7 +28,9 @@ class PinnedRing:
 
 class PendingSamples:
     """A queued step's outputs: everything but the sampled tokens is filled in; those are copied
-    to pinned host memory behind the step and read when `result()` is called."""
+    to pinned host memory behind the step and read when `result()` is called. `ring` =
+    (ResidentDecode, replay): the decode graph wrote them to the host itself (resident.py), so
+    nothing is copied, only waited for."""
 
     def __init__(
         self,
@@ -36,10 +38,16 @@ class PendingSamples:
         rows: list[int] | None = None,
         tokens: torch.Tensor | None = None,
         pinned: torch.Tensor | None = None,
+        ring=None,
     ):
         self.outs, self.rows = outs, rows or []
-        self.host, self.done = None, None
-        if tokens is not None:
+        self.host, self.done, self.ring = None, None, ring
+        if ring is not None:
+            self.host = tokens.shape[0]  # rows to read from the ring
+            if tokens.is_cuda:
+                self.done = torch.cuda.Event()
+                self.done.record()
+        elif tokens is not None:
             if tokens.is_cuda:
                 n = tokens.shape[0]
                 if pinned is None or pinned.shape[0] < n or pinned.dtype != tokens.dtype:
@@ -55,6 +63,8 @@ class PendingSamples:
         if self.host is not None:
             if self.done is not None:
                 self.done.synchronize()
+            if self.ring is not None:
+                self.host = self.ring[0].read(self.ring[1], self.host)
             for i, t in zip(self.rows, self.host.tolist()):
                 self.outs[i].token_ids = [t]
             self.host = None

@@ -24,8 +24,9 @@ from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.graph_sizes import PREFILL_GRAPH_TOKENS, graph_batch_sizes, prefill_buckets
 from kipp_cuda.model import Qwen3Model
 from kipp_cuda.pending import PendingSamples, PinnedRing, pending_rows
+from kipp_cuda.resident import ResidentDecode
 from kipp_cuda.sampler import sample_tokens, token_logprobs
-from kipp_cuda.staging import FROM, IDS, POS, SLOT, GraphInputs, upload
+from kipp_cuda.staging import FROM, IDS, POS, SLOT, GraphInputs, flat_inputs, upload
 
 log = logging.getLogger("kipp")
 
@@ -59,36 +60,12 @@ class ModelRunner:
         self.end_hidden = torch.zeros((NUM_HIDDEN_SLOTS, hidden), dtype=model.dtype, device=device)
         self._kv_stores = kv_cache.stores(kv_caches)
         self._pins = PinnedRing(max(max_num_seqs, 1), device)
+        self.resident = ResidentDecode(max_num_seqs, block_size, device)
+        self._published: int | None = None  # the decode replay whose tokens reach the host ring
         if use_graphs:
             self.capture()
 
     # -- inputs ---------------------------------------------------------------------------------
-
-    def _prepare(self, batch: ModelInput):
-        seqs = batch.seqs
-        bs = self.block_size
-        q_lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int32, count=len(seqs))
-        starts = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=len(seqs))
-        ids = np.fromiter(
-            (t for s in seqs for t in s.token_ids), dtype=np.int64, count=int(q_lens.sum())
-        )
-        if len(seqs) == 1:
-            positions = np.arange(starts[0], starts[0] + q_lens[0])
-        elif (q_lens == 1).all():
-            positions = starts
-        else:
-            positions = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, q_lens)])
-        width = max(len(s.block_table) for s in seqs)
-        bt = np.zeros((len(seqs), width), dtype=np.int32)
-        for i, s in enumerate(seqs):
-            bt[i, : len(s.block_table)] = s.block_table
-        seq_idx = np.repeat(np.arange(len(seqs)), q_lens)
-        slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        ctx = (starts + q_lens).astype(np.int32)
-        return ids, positions, slots, bt, ctx, q_lens
-
-    def _tensor(self, a: np.ndarray) -> torch.Tensor:
-        return upload(a, self.device)
 
     # -- forward --------------------------------------------------------------------------------
 
@@ -96,7 +73,7 @@ class ModelRunner:
     def forward(self, batch: ModelInput) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden [T, hidden], None, None) for every new token of the batch, or (hidden, logits
         [B, V], their argmax [B]) from a decode graph, whose rows are the batch's tokens."""
-        ids, positions, slots, bt, ctx, q_lens = self._prepare(batch)
+        ids, positions, slots, bt, ctx, q_lens = flat_inputs(batch, self.block_size)
         pending = pending_rows(batch, ids, q_lens, self._last_rows)
         B, T = len(batch.seqs), len(ids)
         is_decode = bool((q_lens == 1).all())
@@ -110,20 +87,20 @@ class ModelRunner:
             if int(ctx[0]) - T + tb <= self.max_blocks * self.block_size:
                 h = self._replay(("prefill", tb), pending, ids, positions, slots, bt, ctx)
                 return h[:T], None, None
-        cu = np.zeros(B + 1, dtype=np.int32)
+        cu, dev = np.zeros(B + 1, dtype=np.int32), self.device
         np.cumsum(q_lens, out=cu[1:])
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
-            block_tables=self._tensor(bt),
-            context_lens=self._tensor(ctx),
+            slot_mapping=upload(slots, dev),
+            block_tables=upload(bt, dev),
+            context_lens=upload(ctx, dev),
             is_decode=is_decode,
-            cu_seqlens_q=None if is_decode else self._tensor(cu),
+            cu_seqlens_q=None if is_decode else upload(cu, dev),
             max_q_len=int(q_lens.max()),
             max_context_len=int(ctx.max()),
         )
-        ids_t = self._tensor(ids)
+        ids_t = upload(ids, dev)
         self._fill_pending(ids_t, pending)
-        return self.model(ids_t, self._tensor(positions), self.kv_caches, meta), None, None
+        return self.model(ids_t, upload(positions, dev), self.kv_caches, meta), None, None
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
         return self.execute_async(batch).result()
@@ -133,6 +110,7 @@ class ModelRunner:
         """Queue the step and return without waiting for the device, as long as nothing but
         plain sampling is asked (logprobs, scores, drafts and raw logits wait for their values).
         PENDING tokens of the batch are this runner's previous samples for the same sequences."""
+        self._published = None
         hits = [i for i, s in enumerate(batch.seqs) if s.cached_hidden is not None]
         cached, cached_top = self._from_cache(batch, hits) if hits else (None, None)
         run = ModelInput([s for s in batch.seqs if s.cached_hidden is None]) if hits else batch
@@ -183,6 +161,7 @@ class ModelRunner:
             if s.sampler is not None and not s.draft_token_ids
         ]
         self._last_tokens, self._last_rows = None, {}
+        ring = None
         if plain:
             idx = [spans[i][len(s.token_ids) - 1] for i, s in plain]
             every = idx == list(range(logits.shape[0]))
@@ -193,6 +172,9 @@ class ModelRunner:
                 argmax=top if every else None,
             )
             k = toks.shape[0]
+            # the graph's own argmax, unprocessed: its step_advance put it in the host ring
+            if self._published is not None and toks.data_ptr() == self.g_last.data_ptr():
+                ring = (self.resident, self._published)
             if self.graph_bs and k <= self.g_last.shape[0]:
                 # Sampled rows, a prompt-end hit, a row subset: not the graph's argmax buffer.
                 if toks.data_ptr() != self.g_last.data_ptr():
@@ -220,9 +202,8 @@ class ModelRunner:
                 outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
             if s.return_logits:  # (a prompt-end hit's one row is row -1)
                 outs[i].logits = logits[[sp[j] for j in (range(n) if n else [-1])]].cpu().numpy()
-        return PendingSamples(
-            outs, [i for i, _ in plain], toks if plain else None, self._pins.next()
-        )
+        rows = [i for i, _ in plain]
+        return PendingSamples(outs, rows, toks if plain else None, self._pins.next(), ring)
 
     def _from_cache(self, batch: ModelInput, hits: list[int]):
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved
@@ -308,6 +289,7 @@ class ModelRunner:
                 g, self.graph_out[key] = self._capture(fn, pool)
                 pool = g.pool() if pool is None else pool
                 self.graphs[key] = g
+        self.resident.reset()
 
     def _staging(self, kind: str, size: int) -> GraphInputs:
         """The staged inputs a graph reads: the large prefill buckets' own, else the shared."""
@@ -349,6 +331,7 @@ class ModelRunner:
                 ids, take_last = g[IDS, :size], (g[FROM, :size], last)
                 h = self.model(ids, g[POS, :size], self.kv_caches, meta, take_last)
                 logits = self.model.compute_logits(h, top=last)  # the next PENDING ids, in place
+                self.resident.advance(g, self.g_ctx, self.g_bt, last)  # tokens out, inputs on
                 return h, logits, last
 
             return run
@@ -376,6 +359,9 @@ class ModelRunner:
         _pending gives it), pad to the graph's size and replay it; returns its output buffer."""
         kind, size = key
         n = len(ids)
+        steady = kind == "decode" and self._steady(pending, n)
+        if steady and self.resident.matches(key, steady, positions, ctx, bt):
+            return self._replay_graph(key, steady, positions, ctx, bt)  # inputs on the device
         st = self._staging(kind, size)
         st.wait()
         h, c = st.h_in_np, st.h_ctx_np
@@ -396,5 +382,17 @@ class ModelRunner:
         st.h_bt_np[:b, : bt.shape[1]] = bt
         st.upload(b)
         self._fill_pending(st.g_in[IDS], pending)
+        return self._replay_graph(key, steady, positions, ctx, bt)
+
+    def _steady(self, pending, n: int) -> bool:
+        """Every row's PENDING id is g_last's same row: the decode graph takes them itself."""
+        ok = pending is not None and len(pending[0]) == n and self._in_order(pending)
+        return ok and self._last_in_place()
+
+    def _replay_graph(self, key, steady: bool, positions, ctx, bt) -> torch.Tensor:
         self.graphs[key].replay()
+        if key[0] == "decode":
+            self._published = self.resident.replayed(key, steady, positions, ctx, bt)
+        else:  # a prefill bucket wrote the staged inputs the decode graphs share
+            self.resident.forget()
         return self.graph_out[key]

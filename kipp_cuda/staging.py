@@ -23,6 +23,32 @@ def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def flat_inputs(batch, block_size: int):
+    """A batch's rows as flat host arrays: token ids [T], positions [T], KV slots [T] (int64),
+    block tables [B, widest] and context lengths [B] (int32), new tokens a sequence [B]."""
+    seqs = batch.seqs
+    q_lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int32, count=len(seqs))
+    starts = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=len(seqs))
+    ids = np.fromiter(
+        (t for s in seqs for t in s.token_ids), dtype=np.int64, count=int(q_lens.sum())
+    )
+    if len(seqs) == 1:
+        positions = np.arange(starts[0], starts[0] + q_lens[0])
+    elif (q_lens == 1).all():
+        positions = starts
+    else:
+        positions = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, q_lens)])
+    width = max(len(s.block_table) for s in seqs)
+    bt = np.zeros((len(seqs), width), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        bt[i, : len(s.block_table)] = s.block_table
+    seq_idx = np.repeat(np.arange(len(seqs)), q_lens)
+    bs = block_size
+    slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+    ctx = (starts + q_lens).astype(np.int32)
+    return ids, positions, slots, bt, ctx, q_lens
+
+
 IDS, POS, SLOT, FROM = range(4)  # rows of the staged int64 inputs; FROM 1: take g_last's id
 _ALIGN = 128  # bytes: each staged section starts aligned (kernels specialize on alignment)
 

@@ -81,6 +81,11 @@
 #           (KIPP_CUDA_PREFILL_GRAPH_MAX=256) alternating on one machine, the 0.6B targets, 8B affine4
 #   s17d    the last call: the 0.6B targets with the transformers peer (prefill graphs up to 2,048
 #           tokens), 8B bf16 with the transformers peer, 8B q8_0 and affine4 decode
+#   s18a    eighteenth session: resident decode inputs (no upload before a steady decode graph,
+#           its tokens written to a pinned host ring by the graph): the GPU tests, the affine4
+#           step with and without step_advance, 8B affine4 decode and the 0.6B decode with
+#           KIPP_CUDA_RESIDENT_DECODE 0 / 1 alternating, the 8B timeline both ways; s18b the
+#           0.6B decode both ways
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -615,6 +620,36 @@ s17c)  # seventeenth session: see the header
   done
   targets06 t06
   QUANTS="affine4" decode8 b8 75
+  ;;
+s18a)  # eighteenth session: see the header
+  step "GPU tests: step_advance, resident decode, graphs, staging, async"
+  timeout 240 python -m pytest -q -p no:cacheprovider -n 4 --timeout 220 -rf --tb=short \
+    tests/cuda/test_step_advance.py tests/cuda/test_resident_decode.py tests/cuda/test_backend.py \
+    tests/cuda/test_async_scheduling.py tests/cuda/test_runner_staging.py 2>&1 \
+    | grep -vE "Warn|warn" | tee "$OUT/tests_s18a.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  step "affine4 step (context 2,100): step_advance in the graph or not"
+  timeout 120 python scripts/step_ablation.py --quants affine4 --context 2100 --variants \
+    "full,env:KIPP_CUDA_RESIDENT_DECODE=0,env:KIPP_CUDA_RESIDENT_DECODE=1" 2>&1 \
+    | grep -vE "Warn|warn" | tee "$OUT/advance_step.log" | tail -3
+  i=0
+  for v in 0 1 0 1; do
+    i=$((i + 1))
+    KIPP_CUDA_RESIDENT_DECODE=$v QUANTS="affine4" decode8 "r${v}_$i" 75
+  done
+  for v in 0 1; do
+    step "8B affine4 timeline, KIPP_CUDA_RESIDENT_DECODE=$v"
+    KIPP_CUDA_RESIDENT_DECODE=$v timeout 120 python scripts/profile_decode.py --shape qwen3-8b \
+      --quant affine4 --steps 64 --timeline --kv-cache-memory 16GiB 2>&1 | grep -vE "Warn|warn" \
+      | tee "$OUT/timeline_$v.log" | grep -A6 "engine steps"
+  done
+  ;;
+s18b)  # eighteenth session: see the header
+  for v in 0 1 0 1; do
+    step "0.6B decode, KIPP_CUDA_RESIDENT_DECODE=$v"
+    KIPP_CUDA_RESIDENT_DECODE=$v timeout 60 python -m kipp_core.cli.main bench \
+      --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 256 \
+      --kv-cache-memory 16GiB --json "$OUT/d06_$v.json" 2>&1 | grep -E "\| kipp" | cut -c1-200
+  done
   ;;
 s17d)  # seventeenth session: see the header
   step "0.6B targets with the transformers peer"
