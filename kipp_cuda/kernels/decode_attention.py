@@ -7,10 +7,12 @@ split along the sequence (flash-decoding) and the splits' (lse, out) partials me
 call is CUDA-graph safe; each sequence cuts its own context into that many runs of whole tiles on
 the device, and programs whose run lies past their sequence do no attention.
 
-With FUSED_MERGE (the default) there is no second kernel: every split program, empty ones too,
-stores its partial and then counts itself in on an int32 per (sequence, kv head) with an acq_rel
-atomic; the one that finds all the others already counted merges the partials of its query heads
-in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay.
+With FUSED_MERGE (the default) there is no second kernel: every live split program (the runs
+that hold positions, a prefix of the splits; split 0 always) stores its partial and then counts
+itself in on an int32 per (sequence, kv head) with an acq_rel atomic; the one that finds all the
+other live ones already counted merges the partials of its query heads in split order
+(deterministic) and re-arms the counter to 0 for the next call or graph replay. Programs past the
+sequence leave at once, so a graph captured with more splits than a context needs costs little.
 Otherwise a merge_splits kernel follows. Each tile's V load is issued with its K load, before the
 QK dot and softmax, so that both are in flight together.
 
@@ -39,8 +41,9 @@ BLOCK_N = 64  # KV positions per tile (two 32-token pages)
 MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile: in the 8B batch-1 step at 2.1k context
 # 1 beat 2 by 0.022 ms and 3 by 0.069 (step_ablation.py, BENCHMARKS.md thirteenth session)
 MAX_SPLITS = 128
-PROGRAMS_PER_SM = 2  # split until B * Hkv * splits reaches this many programs per SM; empty
-# splits still cost a launch slot and a merge read, so more is slower (scripts/attention_sweep.py)
+PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM: with 2, the
+# 8B batch-1 step had 33 splits of one 64-token tile, and past 33 tiles (2,112 positions) half of
+# them took two (+0.05 ms a step at 2,150); 4 moves that to 4,224 (BENCHMARKS.md eighteenth)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
 # -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
@@ -126,6 +129,8 @@ def _paged_decode_attention_kernel(
         split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), MIN_TILES) * BLOCK_N
         start = split * split_len
         end = tl.minimum(start + split_len, ctx)
+        if FUSED_MERGE and split > 0 and start >= ctx:
+            return  # past the sequence: the live splits (a prefix) merge without it
     k_pre = tl.zeros((BLOCK_N, HEAD_DIM), DOT_DTYPE)
     v_pre = tl.zeros((BLOCK_N, HEAD_DIM), DOT_DTYPE)
     if PREFETCH:
@@ -217,7 +222,7 @@ def _paged_decode_attention_kernel(
                 m_i + tl.math.log2(l_i),
                 mask=g_mask,
             )
-    elif not ONE_SPLIT:  # past the sequence: an empty partial, weight 0 in the merge
+    elif not ONE_SPLIT:  # past the sequence: an empty partial, weight 0 in merge_splits
         tl.store(
             mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
             tl.full((BLOCK_G,), float("-inf"), tl.float32),
@@ -230,9 +235,12 @@ def _paged_decode_attention_kernel(
             # shared with the whole program, says whether this program arrived last.
             tl.debug_barrier()
             counter = counters_ptr + b * tl.num_programs(1) + h
-            if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+            # Only the live splits count in; those past the sequence have left (above).
+            # (an empty sequence: split 0 alone, with an empty partial that the merge leaves out)
+            used = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
+            arrive = tl.maximum(used, 1)
+            if tl.atomic_add(counter, 1, sem="acq_rel") == arrive - 1:
                 rh = tl.arange(0, MERGE_H)
-                # Splits from cdiv(ctx, split_len) on are empty: the merge does not visit them.
                 merge_head_group(
                     out_ptr,
                     mid_o_ptr,
@@ -240,8 +248,8 @@ def _paged_decode_attention_kernel(
                     b,
                     h * G + rh,
                     rh < G,
-                    num_splits,
-                    tl.minimum(tl.cdiv(ctx, split_len), num_splits),
+                    arrive,
+                    used,
                     stride_ob,
                     stride_oh,
                     stride_mb,
