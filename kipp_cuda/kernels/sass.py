@@ -87,3 +87,64 @@ def loop_sass(fn, sig: dict, consts: dict, num_warps: int) -> tuple[collections.
         if m:
             ops[m.group(1)] += 1
     return ops, regs
+
+
+class Capture:
+    """Stands in for a @triton.jit kernel in its module while an op runs (on meta tensors, say):
+    `kernel[grid](*args, **kwargs)` records the launch instead of running it."""
+
+    def __init__(self, fn):
+        self.fn, self.args, self.kwargs = fn, None, None
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+
+        return launch
+
+
+def compile_launch(cap: Capture, **constexprs):
+    """Compile a recorded launch for sm_90 as Triton's JIT would specialize it at that launch:
+    each pointer and int argument typed and marked 16-divisible (or folded, an int of 1) by
+    Triton's own rule on its value (meta tensors count as aligned, as CUDA allocations are);
+    `constexprs` override the launch's (PDL=True, which a launch off the GPU cannot take)."""
+    from triton.backends.compiler import BaseBackend
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import native_specialize_impl
+
+    backend = make_backend(TARGET)
+    values = dict(zip(cap.fn.arg_names, cap.args))
+    values.update({k: v for k, v in cap.kwargs.items() if k in cap.fn.arg_names})
+    values.update(constexprs)
+    sig, consts, attrs = {}, {}, {}
+    for i, (name, p) in enumerate(zip(cap.fn.arg_names, cap.fn.params)):
+        kind, spec = "constexpr", values[name]
+        if not p.is_constexpr:
+            kind, spec = native_specialize_impl(BaseBackend, values[name], False, True, True)
+        sig[name] = kind
+        if kind == "constexpr":
+            consts[name] = values[name]
+        elif isinstance(spec, str) and spec:
+            attrs[(i,)] = backend.parse_attr(spec)
+    options = {k: cap.kwargs[k] for k in ("num_warps", "num_stages") if k in cap.kwargs}
+    src = ASTSource(fn=cap.fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=TARGET, options=options)
+
+
+def resources(kernel) -> dict:
+    """A compiled kernel's registers a thread, stack bytes (spills and locals), spill stores and
+    SASS instructions, from cuobjdump."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage, code = (
+            subprocess.run([str(CUOBJDUMP), flag, f.name], capture_output=True, text=True).stdout
+            for flag in ("-res-usage", "-sass")
+        )
+    ins = [s for s in code.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", s)]
+    return {
+        "regs": int(re.search(r"REG:(\d+)", usage).group(1)),
+        "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+        "spill_stores": sum(" STL" in s for s in ins),
+        "instructions": len(ins),
+    }
