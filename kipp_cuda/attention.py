@@ -1,7 +1,6 @@
 """Paged attention for one layer: store the new K/V in the cache (fused into qk-norm + RoPE for
-caches that are not quantized), then attend over the context; with KIPP_CUDA_FUSED_DECODE=1 (an
-experiment, off by default) a decode over such a cache is one launch (kernels/fused_decode.py).
-The metadata travels as an explicit argument, never through a global."""
+caches that are not quantized), then attend over the context. The metadata travels as an explicit
+argument, never through a global."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from dataclasses import dataclass
 import torch
 
 from kipp_cuda.kernels.decode_attention import paged_decode_attention
-from kipp_cuda.kernels.fused_decode import fused_decode_enabled, paged_decode_attention_qkv
 from kipp_cuda.kernels.kv_write import kv_write
 from kipp_cuda.kernels.prefill_attention import paged_prefill_attention
 from kipp_cuda.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_kv_write
@@ -33,22 +31,6 @@ class LayerKV:
     v: torch.Tensor
     k_scale: torch.Tensor | None = None  # q8_0 KV: fp16 [num_blocks, block_size, Hkv, D / 32]
     v_scale: torch.Tensor | None = None
-
-
-def attend(
-    qkv: torch.Tensor, layer, kv: LayerKV, meta: AttentionMetadata, positions, cos_sin
-) -> torch.Tensor:
-    """One layer's q/k norm, RoPE, K/V store and attention: qkv [T, (Hq + 2 Hkv) D] ->
-    [T, Hq, D]. store_qkv then attention (two launches), or at decode over a cache that is not
-    quantized, with KIPP_CUDA_FUSED_DECODE=1 (read per call), paged_decode_attention_qkv."""
-    scale = layer.head_dim**-0.5
-    if meta.is_decode and kv.k_scale is None and fused_decode_enabled():
-        return paged_decode_attention_qkv(
-            qkv, layer.q_norm, layer.k_norm, positions, cos_sin, layer.num_heads, layer.eps,
-            meta.slot_mapping, kv.k, kv.v, meta.block_tables, meta.context_lens, scale,
-            meta.max_context_len,
-        )  # fmt: skip
-    return attention(store_qkv(qkv, layer, kv, meta, positions, cos_sin), kv, meta, scale)
 
 
 def store_qkv(

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kipp_core.config import ModelConfig
-from kipp_cuda.attention import AttentionMetadata, LayerKV, attend
+from kipp_cuda.attention import AttentionMetadata, LayerKV, attention, store_qkv
 from kipp_cuda.kernels.embedding import take_last_ids
 from kipp_cuda.kernels.head_argmax import finish_argmax, new_argmax_keys
 from kipp_cuda.kernels.qk_norm_rope import rope_cos_sin_cache
@@ -47,7 +47,8 @@ class Qwen3Layer(nn.Module):
         # down_proj output), all-reduced here with the residual add and the input norm
         h, residual = self.tp.reduce_norm(hidden, residual, self.input_layernorm, self.eps)
         T = h.shape[0]
-        a = attend(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
+        q = store_qkv(self.qkv_proj(h), self, kv, meta, positions, cos_sin)
+        a = attention(q, kv, meta, self.head_dim**-0.5)
         h, residual = self.tp.reduce_norm(
             self.o_proj(a.reshape(T, -1)), residual, self.post_attention_layernorm, self.eps
         )

@@ -6,21 +6,13 @@ fusing that kernel away could save at most.
   full      the model as it runs
   norm      no RMSNorm launches (input, post-attention, final)
   act       no separate SwiGLU launch (none is left at batch 1: the GEMVs fuse it)
-  attn      no decode attention (and no split merge); with env:KIPP_CUDA_FUSED_DECODE=1, no
-            fused launch (so no q/k norm, RoPE or KV write either)
-  qkv       no q/k norm + RoPE + KV write (nothing to leave out with KIPP_CUDA_FUSED_DECODE=1)
+  attn      no decode attention (and no split merge)
+  qkv       no q/k norm + RoPE + KV write
   gemv      none of the four above: the GEMVs alone
-  da:A=v;B=w   the full model with decode attention's module settings A, B changed (for example
-            da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step; a
-            name is looked up in decode_attention.py, then fused_decode.py (FUSED_PREFETCH_KV)
+  da:A=v;B=w   the full model with decode_attention's module settings A, B changed (for example
+            da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step
   env:NAME=v   the graph captured with environment variable NAME set to v (for example
-            env:KIPP_CUDA_PDL=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0). The fused
-            decode A/B: --variants "full,env:KIPP_CUDA_FUSED_DECODE=1"
-
-Graphs are captured with KIPP_CUDA_RESIDENT_DECODE=0 unless the environment or a variant sets it:
-a resident decode graph ends with step_advance, which moves the context on a token each replay
-(2,100 -> 2,305 over a variant's replays, and past 2,112 a batch-1 split holds two tiles). Each
-variant starts from the staged context.
+            env:KIPP_CUDA_PDL=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
 python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
@@ -33,10 +25,9 @@ import os
 
 import torch
 
-import kipp_cuda.attention as attention_mod
 import kipp_cuda.kernels.decode_attention as decode_attention
-import kipp_cuda.kernels.fused_decode as fused_decode
 import kipp_cuda.layers as layers
+import kipp_cuda.model as model_mod
 import kipp_cuda.tp_reduce as tp_reduce
 from kipp_core.backend import BackendOptions
 from kipp_core.checkpoint import Checkpoint
@@ -61,35 +52,21 @@ def _no_qkv(qkv, layer, kv, meta, positions, cos_sin):
     return qkv[:, : layer.num_heads * d].view(qkv.shape[0], layer.num_heads, d)
 
 
-def _no_fused(qkv, q_weight, k_weight, positions, cos_sin, num_heads, eps, slots, k_cache, *a):
-    d = k_cache.shape[-1]
-    return qkv[:, : num_heads * d].view(qkv.shape[0], num_heads, d)
-
-
 PATCHES = {
     "norm": [(tp_reduce, "rms_norm", _no_norm)],
     "act": [(layers, "silu_and_mul", _no_act)],
-    "attn": [
-        (attention_mod, "attention", _no_attn),
-        (attention_mod, "paged_decode_attention_qkv", _no_fused),
-    ],
-    "qkv": [(attention_mod, "store_qkv", _no_qkv)],
+    "attn": [(model_mod, "attention", _no_attn)],
+    "qkv": [(model_mod, "store_qkv", _no_qkv)],
 }
 PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
 
 
 def _patches(name):
     if name.startswith("da:"):  # module settings, ints
-        pairs = (kv.split("=") for kv in name[3:].split(";"))
-        return [(_settings_module(k), k, int(v)) for k, v in pairs]
+        return [
+            (decode_attention, k, int(v)) for k, v in (kv.split("=") for kv in name[3:].split(";"))
+        ]
     return PATCHES.get(name, [])
-
-
-def _settings_module(name):
-    for m in (decode_attention, fused_decode):
-        if hasattr(m, name):
-            return m
-    raise ValueError(f"no decode attention setting {name}")
 
 
 @contextlib.contextmanager
@@ -145,7 +122,6 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=1)
     args = p.parse_args()
-    os.environ.setdefault("KIPP_CUDA_RESIDENT_DECODE", "0")  # a fixed context (see the top)
     path = random_checkpoint(args.shape)
     device = torch.device("cuda")
     rows = []
@@ -159,11 +135,11 @@ def main() -> None:
         )
         shard = ShardBackend(Checkpoint(path), opts, device)
         runner = shard.runner
+        # (before the fifteenth session the block table stayed zero: attention read block 0 from
+        # L2 and the ablations timed it 0.02-0.03 ms a step too cheap, BENCHMARKS.md)
+        runner.inputs.stage_one_sequence(args.context, runner.block_size)
         times = {}
         for v in args.variants.split(","):
-            # (before the fifteenth session the block table stayed zero: attention read block 0
-            # from L2 and the ablations timed it 0.02-0.03 ms a step too cheap, BENCHMARKS.md)
-            runner.inputs.stage_one_sequence(args.context, runner.block_size)
             with patched(v):
                 times[v] = step_ms(runner, device, args.steps)
         rows.append((quant, times))
