@@ -11,7 +11,14 @@ BENCHMARKS.md thirteenth session). Anything else uploads as before.
 PENDING id taken from g_last (FROM = 1, as at the last upload), positions and contexts one more
 than the last replay's, and the same block table. The new position's block is then in the table
 the device holds, so the slot step_advance computed is the one the host would have staged.
-KIPP_CUDA_RESIDENT_DECODE=0 turns all of it off (the graphs then end at the argmax).
+Off by default: KIPP_CUDA_RESIDENT_DECODE=1 turns it on (off, the graphs end at the argmax).
+On the H200 it took the GPU's idle time between 8B decode steps from 25.9 to 3.5 us, but with it
+on, the conformance gate "batched equals isolated" failed once on the GPU (the tiny model, float32,
+staggered arrivals; BENCHMARKS.md eighteenth session), while it passes on CPU with the kernels
+interpreted. The suspect: with no copy between two graph launches, PDL may let the next graph's
+first kernels start before this graph's step_advance has written the inputs that they read before
+their PDL wait (decode attention reads the context lengths there). step_advance now triggers its
+dependents only at exit; whether that closes it was not run on a GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from kipp_cuda.staging import POS, SLOT
 
 
 def resident_enabled() -> bool:
-    return os.environ.get("KIPP_CUDA_RESIDENT_DECODE", "1").strip() not in ("0", "false", "no")
+    return os.environ.get("KIPP_CUDA_RESIDENT_DECODE", "0").strip() in ("1", "true", "yes")
 
 
 class ResidentDecode:

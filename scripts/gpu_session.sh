@@ -86,6 +86,17 @@
 #           step with and without step_advance, 8B affine4 decode and the 0.6B decode with
 #           KIPP_CUDA_RESIDENT_DECODE 0 / 1 alternating, the 8B timeline both ways; s18b the
 #           0.6B decode both ways
+#   s18c    the 8B affine4 engine's decode step by step (decode_gaps.py); the affine4 step at
+#           contexts 2,100 and 2,150 with 2-4 split programs an SM; 8B affine4 decode against the
+#           tree in ab_pps4/ (an untracked copy with PROGRAMS_PER_SM = 4), alternating
+#   s18d    4 split programs an SM with the empty ones leaving at once, and the fused decode
+#           experiment (KIPP_CUDA_FUSED_DECODE=1): their GPU tests, the affine4 step at contexts
+#           2,100 and 2,150 both ways, 8B affine4 decode (fused off, on, off), bf16 and q8_0,
+#           the 0.6B targets
+#   s18e    the last call: the graph, resident-decode, staging, async and conformance GPU tests
+#           (not MLX), the 16,384-token 8B prefill, 8B affine4 at a 128-token prompt
+#   s18f    for the next session: scripts/resident_gate.py, the gate that failed in s18e with
+#           resident decode on, with it and the fused merge on and off
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -650,6 +661,55 @@ s18b)  # eighteenth session: see the header
       --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 256 \
       --kv-cache-memory 16GiB --json "$OUT/d06_$v.json" 2>&1 | grep -E "\| kipp" | cut -c1-200
   done
+  ;;
+s18c)  # eighteenth session: see the header
+  step "8B affine4 engine decode, step by step (decode_gaps.py)"
+  timeout 150 python scripts/decode_gaps.py --quant affine4 --kv-cache-memory 16GiB 2>&1 \
+    | grep -vE "Warn|warn" | tee "$OUT/gaps.log" | tail -9
+  for c in 2100 2150; do
+    step "affine4 step, context $c: split programs an SM"
+    timeout 150 python scripts/step_ablation.py --quants affine4 --context $c --variants \
+      "full,da:PROGRAMS_PER_SM=3,da:PROGRAMS_PER_SM=4,da:PROGRAMS_PER_SM=2${S18C_VARIANTS:-}" \
+      2>&1 | grep -vE "Warn|warn" | tee -a "$OUT/splits.log" | tail -1
+  done
+  for i in 1 2; do
+    QUANTS="affine4" decode8 "pps2_$i" 75
+    [ -d ab_pps4 ] && (cd ab_pps4 && PYTHONPATH=$PWD QUANTS="affine4" decode8 "pps4_$i" 75)
+  done
+  ;;
+s18d)  # eighteenth session: see the header
+  step "GPU tests: decode attention, fused merge, fused decode"
+  timeout 240 python -m pytest -q -p no:cacheprovider -n 4 --timeout 220 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_fused_merge.py \
+    tests/cuda/test_fused_decode.py -k "decode or merge" 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/tests_s18d.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  for c in 2100 2150; do
+    step "affine4 step, context $c: split programs an SM, fused decode"
+    timeout 150 python scripts/step_ablation.py --quants affine4 --context $c --variants \
+      "full,da:PROGRAMS_PER_SM=2,env:KIPP_CUDA_FUSED_DECODE=1,env:KIPP_CUDA_FUSED_DECODE=1+da:FUSED_PREFETCH_KV=0" \
+      2>&1 | grep -vE "Warn|warn" | tee -a "$OUT/splits.log" | tail -1
+  done
+  QUANTS="affine4" decode8 b8 75
+  KIPP_CUDA_FUSED_DECODE=1 QUANTS="affine4" decode8 fused 75
+  QUANTS="affine4" decode8 b8b 75
+  QUANTS="none q8_0" decode8 b8 75
+  targets06 t06
+  ;;
+s18e)  # eighteenth session: see the header
+  step "GPU tests: graphs, resident decode, staging, async, conformance"
+  timeout 260 python -m pytest -q -p no:cacheprovider -n 6 --timeout 240 -rf --tb=short \
+    tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py tests/cuda/test_resident_decode.py \
+    tests/cuda/test_step_advance.py tests/cuda/test_runner_staging.py tests/conformance -k "not mlx" \
+    2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s18e.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  step "8B prefill, 16,384 tokens"
+  timeout 120 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/b8_16k.json" 2>&1 | grep -E "\| kipp" | cut -c1-200
+  QUANTS="affine4" decode8 p128 75 128
+  ;;
+s18f)  # eighteenth session: see the header (not run: the device time was spent)
+  step "the batched-equals-isolated gate with resident decode and the fused merge on and off"
+  timeout 200 python scripts/resident_gate.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/gate.log" | tail -4
   ;;
 s17d)  # seventeenth session: see the header
   step "0.6B targets with the transformers peer"

@@ -13,6 +13,8 @@ One program over the graph's `size` rows:
 - counter + 1.
 POS, SLOT, the contexts, the block table and the counter are read before the PDL wait: no kernel
 of this step writes them (they were uploaded before the graph, or advanced by the last replay).
+It does not trigger its dependents early: the next graph's kernels read what it writes before
+their own PDL waits (resident.py says why that matters).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
-from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
+from kipp_cuda.kernels.pdl import launch_kwargs, pdl_wait
 
 NUM_SLOTS = 4  # ring rows: at most two steps are in flight (async scheduling)
 
@@ -32,7 +34,6 @@ def _step_advance_kernel(
     pos_ptr, slot_ptr, ctx_ptr, bt_ptr, tokens_ptr, ring_ptr, counter_ptr, size, max_blocks,
     ring_width, block_size, NUM_SLOTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    pdl_trigger(PDL)
     i = tl.arange(0, BLOCK)
     m = i < size
     pos = tl.load(pos_ptr + i, mask=m, other=0)

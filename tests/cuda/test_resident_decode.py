@@ -1,7 +1,8 @@
-"""Resident decode inputs (kipp_cuda/resident.py): a steady decode step replays its graph with no
-upload before it and takes its tokens from the host ring that the graph's step_advance wrote.
-Against the eager runner's synchronous loop (CPU, stand-in graphs) and, on a GPU, against the same
-graphs with KIPP_CUDA_RESIDENT_DECODE=0 (every step uploads and copies its tokens back)."""
+"""Resident decode inputs (kipp_cuda/resident.py, opt-in: KIPP_CUDA_RESIDENT_DECODE=1): a steady
+decode step replays its graph with no upload before it and takes its tokens from the host ring
+that the graph's step_advance wrote. Against the eager runner's synchronous loop (CPU, stand-in
+graphs) and, on a GPU, against the same graphs with it off (every step uploads and copies its
+tokens back)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,12 @@ def _spy(runner, monkeypatch):
     return log
 
 
-def test_steady_steps_replay_without_uploads(staged, llm_factory, monkeypatch):  # noqa: F811
+@pytest.fixture
+def on(monkeypatch):
+    monkeypatch.setenv("KIPP_CUDA_RESIDENT_DECODE", "1")
+
+
+def test_steady_steps_replay_without_uploads(staged, llm_factory, monkeypatch, on):  # noqa: F811
     """Block size 8: every row's position reaching a multiple of 8 starts a new block, so that
     step uploads; the steps between run on the inputs the last graph advanced, and the tokens
     equal the eager runner's synchronous loop."""
@@ -68,8 +74,12 @@ def test_steady_steps_replay_without_uploads(staged, llm_factory, monkeypatch): 
     assert all(up for pos, up in log["replays"] if (pos % 8 == 0).any())
 
 
-def test_the_switch_turns_it_off(staged, llm_factory, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("KIPP_CUDA_RESIDENT_DECODE", "0")
+@pytest.mark.parametrize("value", [None, "0"], ids=["default", "0"])
+def test_off_by_default_and_by_the_switch(staged, llm_factory, monkeypatch, value):  # noqa: F811
+    if value is None:
+        monkeypatch.delenv("KIPP_CUDA_RESIDENT_DECODE", raising=False)
+    else:
+        monkeypatch.setenv("KIPP_CUDA_RESIDENT_DECODE", value)
     prompts = _prompts(2)
     eager = llm_factory("cuda", dtype="float32", block_size=8, async_scheduling=False)
     want = [o.token_ids for o in eager.generate(prompts, LONG[:2])]
@@ -79,7 +89,7 @@ def test_the_switch_turns_it_off(staged, llm_factory, monkeypatch):  # noqa: F81
     assert log["replays"] and all(up for _, up in log["replays"]) and log["reads"] == 0
 
 
-def test_sampled_rows_keep_the_copy_back(staged, llm_factory, monkeypatch):  # noqa: F811
+def test_sampled_rows_keep_the_copy_back(staged, llm_factory, monkeypatch, on):  # noqa: F811
     """A seeded sampled row beside greedy ones: the ring holds the argmax, not the sample, so
     those steps copy their tokens back; the inputs may still stay on the device."""
     params = [LONG[0], P(temperature=0.9, seed=5, max_tokens=15, ignore_eos=True)]
@@ -97,7 +107,7 @@ def test_sampled_rows_keep_the_copy_back(staged, llm_factory, monkeypatch):  # n
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
 @pytest.mark.parametrize("quant", [None, "affine4"])
-def test_gpu_resident_decode_equals_uploads(tiny_path, monkeypatch, quant):
+def test_gpu_resident_decode_equals_uploads(tiny_path, monkeypatch, quant, on):
     """On the GPU (pinned ring written through UVA, inputs advanced in the graph): tokens and
     logprobs bit for bit those of the same graphs with every step uploading, batch 1 (the head
     argmax) and batch 3, with a sampled row; and steady steps did skip their uploads."""

@@ -1,0 +1,60 @@
+"""The conformance gate "batched equals isolated" (tests/conformance/test_backend_gates.py) on the
+GPU with resident decode inputs on and off, and the fused split merge (whose splits past a
+sequence leave early) on and off: six prompts generated one at a time, then again with staggered
+arrivals in one engine, against the eager model. It failed once with both on in the eighteenth
+session (BENCHMARKS.md); this says which of the two it follows.
+
+python scripts/resident_gate.py
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+import kipp_cuda.kernels.decode_attention as dec
+from kipp_core.llm import LLM
+from kipp_core.tiny import tiny_path
+from tests.conformance.test_backend_gates import GREEDY, prompts
+
+KW = dict(backend="cuda", dtype="float32", block_size=8, max_num_batched_tokens=40)
+
+
+def run(tag: str) -> None:
+    llm = LLM(str(tiny_path()), kv_cache_memory="1GiB", **KW)
+    ps = prompts(6, seed=5)
+    alone = [llm.generate([p], GREEDY)[0].token_ids for p in ps]
+    eng = llm.engine
+    rng = np.random.default_rng(6)
+    arrivals = sorted((int(rng.integers(0, 8)), i) for i in range(len(ps)))
+    done, step = {}, 0
+    while arrivals or eng.has_unfinished_requests():
+        while arrivals and arrivals[0][0] <= step:
+            _, i = arrivals.pop(0)
+            eng.add_request(str(i), ps[i], GREEDY)
+        for out in eng.step():
+            if out.finished:
+                done[int(out.request_id)] = out.token_ids
+        step += 1
+    eager = LLM(str(tiny_path()), kv_cache_memory="1GiB", enforce_eager=True, **KW)
+    want = [eager.generate([p], GREEDY)[0].token_ids for p in ps]
+    print(
+        f"{tag}: batched != alone {[i for i in range(6) if done[i] != alone[i]]}, alone != eager "
+        f"{[i for i in range(6) if alone[i] != want[i]]}, batched != eager "
+        f"{[i for i in range(6) if done[i] != want[i]]}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    t0 = time.time()
+    for resident, fused in (("1", True), ("0", True), ("1", False), ("0", False)):
+        os.environ["KIPP_CUDA_RESIDENT_DECODE"] = resident
+        dec.FUSED_MERGE = fused
+        run(f"resident {resident}, fused merge {fused} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
