@@ -12,12 +12,10 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
-
 import kipp_cuda.kernels.decode_attention as dec
 from kipp_core.llm import LLM
 from kipp_core.tiny import tiny_path
-from tests.conformance.test_backend_gates import GREEDY, prompts
+from tests.conformance.test_backend_gates import GREEDY, prompts, staggered
 
 KW = dict(backend="cuda", dtype="float32", block_size=8, max_num_batched_tokens=40)
 
@@ -26,18 +24,7 @@ def run(tag: str) -> None:
     llm = LLM(str(tiny_path()), kv_cache_memory="1GiB", **KW)
     ps = prompts(6, seed=5)
     alone = [llm.generate([p], GREEDY)[0].token_ids for p in ps]
-    eng = llm.engine
-    rng = np.random.default_rng(6)
-    arrivals = sorted((int(rng.integers(0, 8)), i) for i in range(len(ps)))
-    done, step = {}, 0
-    while arrivals or eng.has_unfinished_requests():
-        while arrivals and arrivals[0][0] <= step:
-            _, i = arrivals.pop(0)
-            eng.add_request(str(i), ps[i], GREEDY)
-        for out in eng.step():
-            if out.finished:
-                done[int(out.request_id)] = out.token_ids
-        step += 1
+    done = {i: out.token_ids for i, out in staggered(llm, ps, GREEDY).items()}
     eager = LLM(str(tiny_path()), kv_cache_memory="1GiB", enforce_eager=True, **KW)
     want = [eager.generate([p], GREEDY)[0].token_ids for p in ps]
     print(

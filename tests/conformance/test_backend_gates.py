@@ -89,22 +89,29 @@ def test_greedy_tokens_equal_oracle(make_llm, tiny_path):
     assert out.token_ids == oracle_greedy(tiny_path, p, GREEDY.max_tokens)
 
 
-def test_batched_equals_isolated(make_llm):
-    llm = make_llm(block_size=8, max_num_batched_tokens=40)
-    ps = prompts(6, seed=5)
-    alone = [llm.generate([p], GREEDY)[0] for p in ps]
+def staggered(llm, ps, params, seed=6) -> dict:
+    """Request i (prompt ps[i]) arrives at a random step in 0..7 of one engine; its finished
+    output by i (also scripts/resident_gate.py)."""
     eng = llm.engine
-    rng = np.random.default_rng(6)
+    rng = np.random.default_rng(seed)
     arrivals = sorted((int(rng.integers(0, 8)), i) for i in range(len(ps)))
     done, step = {}, 0
     while arrivals or eng.has_unfinished_requests():
         while arrivals and arrivals[0][0] <= step:
             _, i = arrivals.pop(0)
-            eng.add_request(str(i), ps[i], GREEDY)
+            eng.add_request(str(i), ps[i], params)
         for out in eng.step():
             if out.finished:
                 done[int(out.request_id)] = out
         step += 1
+    return done
+
+
+def test_batched_equals_isolated(make_llm):
+    llm = make_llm(block_size=8, max_num_batched_tokens=40)
+    ps = prompts(6, seed=5)
+    alone = [llm.generate([p], GREEDY)[0] for p in ps]
+    done = staggered(llm, ps, GREEDY)
     for i, a in enumerate(alone):
         assert_same(a, done[i])
 
