@@ -95,8 +95,8 @@
 #           the 0.6B targets
 #   s18e    the last call: the graph, resident-decode, staging, async and conformance GPU tests
 #           (not MLX), the 16,384-token 8B prefill, 8B affine4 at a 128-token prompt
-#   s18f    for the next session: scripts/resident_gate.py, the gate that failed in s18e with
-#           resident decode on, with it and the fused merge on and off
+#   s18f    for the next session: scripts/resident_gate.py, the gate that failed in s18e, with
+#           resident decode and the empty splits leaving early (SKIP_EMPTY_SPLITS) on and off
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -708,7 +708,7 @@ s18e)  # eighteenth session: see the header
   QUANTS="affine4" decode8 p128 75 128
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
-  step "the batched-equals-isolated gate with resident decode and the fused merge on and off"
+  step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"
   timeout 200 python scripts/resident_gate.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/gate.log" | tail -4
   ;;
 s17d)  # seventeenth session: see the header

@@ -7,12 +7,14 @@ split along the sequence (flash-decoding) and the splits' (lse, out) partials me
 call is CUDA-graph safe; each sequence cuts its own context into that many runs of whole tiles on
 the device, and programs whose run lies past their sequence do no attention.
 
-With FUSED_MERGE (the default) there is no second kernel: every live split program (the runs
-that hold positions, a prefix of the splits; split 0 always) stores its partial and then counts
-itself in on an int32 per (sequence, kv head) with an acq_rel atomic; the one that finds all the
-other live ones already counted merges the partials of its query heads in split order
-(deterministic) and re-arms the counter to 0 for the next call or graph replay. Programs past the
-sequence leave at once, so a graph captured with more splits than a context needs costs little.
+With FUSED_MERGE (the default) there is no second kernel: every split program, empty ones too,
+stores its partial and then counts itself in on an int32 per (sequence, kv head) with an acq_rel
+atomic; the one that finds all the others already counted merges the partials of its query heads
+in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay.
+With SKIP_EMPTY_SPLITS (off), programs past the sequence leave at once and only the live ones (a
+prefix of the splits; split 0 always) count in: the same sums, 7 us less in the 8B step at 66
+splits, but a GPU gate failed in the session that measured it with it on (BENCHMARKS.md,
+eighteenth session), and which of two changes caused that is not known yet.
 Otherwise a merge_splits kernel follows. Each tile's V load is issued with its K load, before the
 QK dot and softmax, so that both are in flight together.
 
@@ -45,6 +47,7 @@ PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs p
 # 8B batch-1 step had 33 splits of one 64-token tile, and past 33 tiles (2,112 positions) half of
 # them took two (+0.05 ms a step at 2,150); 4 moves that to 4,224 (BENCHMARKS.md eighteenth)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
+SKIP_EMPTY_SPLITS = False  # with FUSED_MERGE: splits past the sequence leave at once (see the top)
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
 # -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
 # do not (only their context-length load moved before the wait; batch 256 not re-measured)
@@ -102,6 +105,7 @@ def _paged_decode_attention_kernel(
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
     MERGE_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
     CHUNK_S: tl.constexpr,
@@ -129,7 +133,7 @@ def _paged_decode_attention_kernel(
         split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), MIN_TILES) * BLOCK_N
         start = split * split_len
         end = tl.minimum(start + split_len, ctx)
-        if FUSED_MERGE and split > 0 and start >= ctx:
+        if FUSED_MERGE and SKIP_EMPTY and split > 0 and start >= ctx:
             return  # past the sequence: the live splits (a prefix) merge without it
     k_pre = tl.zeros((BLOCK_N, HEAD_DIM), DOT_DTYPE)
     v_pre = tl.zeros((BLOCK_N, HEAD_DIM), DOT_DTYPE)
@@ -222,7 +226,7 @@ def _paged_decode_attention_kernel(
                 m_i + tl.math.log2(l_i),
                 mask=g_mask,
             )
-    elif not ONE_SPLIT:  # past the sequence: an empty partial, weight 0 in merge_splits
+    elif not ONE_SPLIT:  # past the sequence: an empty partial, weight 0 in the merge
         tl.store(
             mid_lse_ptr + b * stride_lb + heads * stride_lh + split,
             tl.full((BLOCK_G,), float("-inf"), tl.float32),
@@ -235,10 +239,13 @@ def _paged_decode_attention_kernel(
             # shared with the whole program, says whether this program arrived last.
             tl.debug_barrier()
             counter = counters_ptr + b * tl.num_programs(1) + h
-            # Only the live splits count in; those past the sequence have left (above).
-            # (an empty sequence: split 0 alone, with an empty partial that the merge leaves out)
+            # Splits from `used` on are empty: the merge does not visit them. SKIP_EMPTY: only
+            # the live ones count in (an empty sequence: split 0 alone, its partial left out).
             used = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-            arrive = tl.maximum(used, 1)
+            if SKIP_EMPTY:
+                arrive = tl.maximum(used, 1)
+            else:
+                arrive = num_splits
             if tl.atomic_add(counter, 1, sem="acq_rel") == arrive - 1:
                 rh = tl.arange(0, MERGE_H)
                 merge_head_group(
@@ -362,6 +369,7 @@ def _paged_decode_attention_op(
         PRECISION="ieee" if dt == tl.float32 else "tf32",
         PREFETCH=PREFETCH_KV and not one_split,
         FUSED_MERGE=fused,
+        SKIP_EMPTY=SKIP_EMPTY_SPLITS,
         MERGE_H=merge_h,
         BLOCK_S=block_s,
         CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),

@@ -45,13 +45,18 @@ def _counters_zeroed():
     "dtype, merge_chunk", [(torch.float32, 1), (torch.bfloat16, None)], ids=["f32-chunk1", "bf16"]
 )
 @pytest.mark.parametrize("G", [2, 3, 4, 8])
-def test_decode_fused_merge_repeated_calls(dtype, merge_chunk, G, q8, short_splits, monkeypatch):
+@pytest.mark.parametrize("skip", [False, True], ids=["all-count", "skip-empty"])
+def test_decode_fused_merge_repeated_calls(
+    dtype, merge_chunk, G, q8, skip, short_splits, monkeypatch
+):
     # A batch of ragged contexts over 7 splits of one tile: contexts 0 and 1 leave 6 or 7 splits
     # empty, 300 fills 5 of them. Two calls into the same counters: the second would leave `out`
-    # NaN (no program would count to the last) if the first had not re-armed them.
+    # NaN (no program would count to the last) if the first had not re-armed them. skip: the
+    # empty splits leave at once and only the live ones count in (SKIP_EMPTY_SPLITS).
     if merge_chunk is not None:  # one split a step of the fused merge: its loop runs 5 times
         monkeypatch.setattr(dec, "MERGE_CHUNK", merge_chunk)
     monkeypatch.setattr(dec, "FUSED_MERGE", True)
+    monkeypatch.setattr(dec, "SKIP_EMPTY_SPLITS", skip)
     p, q, scale, ref = _fused_case(dtype, G, q8, seed=40 + G)
     first = _decode_op(p, q, scale, 7)
     assert_close(first, ref, dtype)
