@@ -17,8 +17,10 @@ on, the conformance gate "batched equals isolated" failed once on the GPU (the t
 staggered arrivals; BENCHMARKS.md eighteenth session), while it passes on CPU with the kernels
 interpreted. The suspect: with no copy between two graph launches, PDL may let the next graph's
 first kernels start before this graph's step_advance has written the inputs that they read before
-their PDL wait (decode attention reads the context lengths there). step_advance now triggers its
-dependents only at exit; whether that closes it was not run on a GPU.
+their PDL wait (decode attention reads the context lengths there). So step_advance now triggers
+its dependents only at exit, and a decode graph starts with `fence`, a plain (non-PDL) torch
+kernel that reads the counter: everything after it starts once the last graph has finished and
+its writes are visible, whatever PDL does at a graph boundary. Neither was run on a GPU.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ResidentDecode:
         pin = device.type == "cuda"
         self.ring = torch.zeros((NUM_SLOTS, max(rows, 1)), dtype=torch.int64, pin_memory=pin)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self._fence = torch.zeros_like(self.counter)
         self.replays = 0  # the device counter's value, kept on the host
         self.last = None  # (key, positions, ctx, bt) of the last replay, if steady
 
@@ -55,6 +58,11 @@ class ResidentDecode:
                 g_in[POS, :n], g_in[SLOT, :n], g_ctx[:n], g_bt, tokens, self.ring, self.counter,
                 self.block_size,
             )  # fmt: skip
+
+    def fence(self) -> None:
+        """At a decode graph's start (see the module docstring): one stream-ordered kernel."""
+        if resident_enabled():
+            torch.add(self.counter, 0, out=self._fence)
 
     def reset(self) -> None:
         """After capture: the warm-up runs advanced the counter; no inputs are resident."""

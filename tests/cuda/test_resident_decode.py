@@ -72,6 +72,9 @@ def test_steady_steps_replay_without_uploads(staged, llm_factory, monkeypatch, o
         assert (pos % 8 != 0).all()
     # a step at which some row starts a block cannot have skipped its upload
     assert all(up for pos, up in log["replays"] if (pos % 8 == 0).any())
+    # each graph began with the fence, which read the counter before step_advance moved it on
+    res = llm.engine.backend.runner.resident
+    assert int(res.counter) >= len(log["replays"]) and int(res._fence) == int(res.counter) - 1
 
 
 @pytest.mark.parametrize("value", [None, "0"], ids=["default", "0"])
