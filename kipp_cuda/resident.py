@@ -78,10 +78,8 @@ class ResidentDecode:
             and steady
             and last is not None
             and last[0] == key
-            and len(positions) == len(last[1])
-            and np.array_equal(positions, last[1] + 1)
+            and np.array_equal(positions, last[1] + 1)  # (False on a shape mismatch too)
             and np.array_equal(ctx, last[2] + 1)
-            and bt.shape == last[3].shape
             and np.array_equal(bt, last[3])
         )
 
@@ -90,7 +88,7 @@ class ResidentDecode:
         steady: every row took its PENDING id from g_last, so the replay can be continued."""
         if not self.enabled:
             return None
-        self.last = (key, positions, ctx, bt.copy()) if steady else None
+        self.last = (key, positions, ctx, bt) if steady else None  # (fresh arrays a step)
         self.replays += 1
         return self.replays - 1
 

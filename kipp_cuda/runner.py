@@ -361,7 +361,7 @@ class ModelRunner:
         kind, size = key
         n = len(ids)
         steady = kind == "decode" and self._steady(pending, n)
-        if steady and self.resident.matches(key, steady, positions, ctx, bt):
+        if self.resident.matches(key, steady, positions, ctx, bt):
             return self._replay_graph(key, steady, positions, ctx, bt)  # inputs on the device
         st = self._staging(kind, size)
         st.wait()

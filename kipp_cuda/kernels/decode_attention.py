@@ -10,13 +10,10 @@ the device, and programs whose run lies past their sequence do no attention.
 With FUSED_MERGE (the default) there is no second kernel: every split program, empty ones too,
 stores its partial and then counts itself in on an int32 per (sequence, kv head) with an acq_rel
 atomic; the one that finds all the others already counted merges the partials of its query heads
-in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay.
-With SKIP_EMPTY_SPLITS (off), programs past the sequence leave at once and only the live ones (a
-prefix of the splits; split 0 always) count in: the same sums, 7 us less in the 8B step at 66
-splits, but a GPU gate failed in the session that measured it with it on (BENCHMARKS.md,
-eighteenth session), and which of two changes caused that is not known yet.
-Otherwise a merge_splits kernel follows. Each tile's V load is issued with its K load, before the
-QK dot and softmax, so that both are in flight together.
+in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay;
+with SKIP_EMPTY_SPLITS (off since a GPU gate failure, BENCHMARKS.md eighteenth session) programs
+past the sequence leave at once instead. Otherwise a merge_splits kernel follows. Each tile's V
+load is issued with its K load, before the QK dot and softmax, so that both are in flight together.
 
 With PREFETCH_KV (the default) a split program loads its first K/V tile before its PDL wait,
 while the kernel before (q/k norm + RoPE + KV write) still runs: every cached position but the
@@ -37,15 +34,14 @@ from kipp_cuda.kernels.decode_tiles import attend_run, load_tile
 from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
 from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
-from kipp_cuda.kernels.split_merge import merge_head_group, merge_splits, split_counters
+from kipp_cuda.kernels.split_merge import count_in_and_merge, merge_splits, split_counters
 
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
 MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile: in the 8B batch-1 step at 2.1k context
 # 1 beat 2 by 0.022 ms and 3 by 0.069 (step_ablation.py, BENCHMARKS.md thirteenth session)
 MAX_SPLITS = 128
-PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM: with 2, the
-# 8B batch-1 step had 33 splits of one 64-token tile, and past 33 tiles (2,112 positions) half of
-# them took two (+0.05 ms a step at 2,150); 4 moves that to 4,224 (BENCHMARKS.md eighteenth)
+PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM: with 2, half
+# the 8B batch-1 splits took two tiles past 2,112 positions (+0.05 ms; BENCHMARKS.md eighteenth)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
 SKIP_EMPTY_SPLITS = False  # with FUSED_MERGE: splits past the sequence leave at once (see the top)
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
@@ -234,43 +230,30 @@ def _paged_decode_attention_kernel(
         )
     if not ONE_SPLIT:
         if FUSED_MERGE:
-            # As matmul_tiles.store_tile: every thread's partial is stored before the barrier,
-            # the one atomic releases them all and acquires everyone else's; its old value,
-            # shared with the whole program, says whether this program arrived last.
-            tl.debug_barrier()
-            counter = counters_ptr + b * tl.num_programs(1) + h
-            # Splits from `used` on are empty: the merge does not visit them. SKIP_EMPTY: only
-            # the live ones count in (an empty sequence: split 0 alone, its partial left out).
-            used = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-            if SKIP_EMPTY:
-                arrive = tl.maximum(used, 1)
-            else:
-                arrive = num_splits
-            if tl.atomic_add(counter, 1, sem="acq_rel") == arrive - 1:
-                rh = tl.arange(0, MERGE_H)
-                merge_head_group(
-                    out_ptr,
-                    mid_o_ptr,
-                    mid_lse_ptr,
-                    b,
-                    h * G + rh,
-                    rh < G,
-                    arrive,
-                    used,
-                    stride_ob,
-                    stride_oh,
-                    stride_mb,
-                    stride_mh,
-                    stride_ms,
-                    stride_lb,
-                    stride_lh,
-                    MERGE_H,
-                    HEAD_DIM,
-                    BLOCK_S,
-                    CHUNK_S,
-                    MERGE_PEEL,
-                )
-                tl.atomic_xchg(counter, 0)  # re-armed for the next call (or graph replay)
+            count_in_and_merge(
+                counters_ptr + b * tl.num_programs(1) + h,
+                tl.minimum(tl.cdiv(ctx, split_len), num_splits),
+                num_splits,
+                out_ptr,
+                mid_o_ptr,
+                mid_lse_ptr,
+                b,
+                h * G,
+                G,
+                stride_ob,
+                stride_oh,
+                stride_mb,
+                stride_mh,
+                stride_ms,
+                stride_lb,
+                stride_lh,
+                SKIP_EMPTY,
+                MERGE_H,
+                HEAD_DIM,
+                BLOCK_S,
+                CHUNK_S,
+                MERGE_PEEL,
+            )
 
 
 def num_splits_for(

@@ -5,7 +5,7 @@ softmax denominator, -inf for a split with no positions). The merge is
 out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse), summed in split order; all
 splits empty gives zeros. `merge_splits` runs it as a kernel of its own; `merge_head_group` is the
 same math for the decode kernel's fused merge, where the last split program of a (sequence, kv
-head) to finish merges, counted on an int32 from `split_counters`.
+head) to finish merges (`count_in_and_merge`), counted on an int32 from `split_counters`.
 """
 
 from __future__ import annotations
@@ -140,6 +140,54 @@ def merge_head_group(
         o.to(out_ptr.dtype.element_ty),
         mask=head_mask[:, None],
     )
+
+
+@triton.jit
+def count_in_and_merge(
+    counter,
+    used,
+    num_splits,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    t,
+    head0,
+    G,
+    stride_ot,
+    stride_oh,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    SKIP_EMPTY: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr,
+    PEEL: tl.constexpr,
+):
+    """The fused merge's end of a split program, its partial stored: count in on `counter` (one
+    a token and kv head); the program that arrives last merges query heads head0 .. head0 + G of
+    the `used` splits that hold positions, then re-arms the counter for the next call or graph
+    replay. Every split counts in, or with SKIP_EMPTY only the live ones (the others left early;
+    an empty sequence: split 0 alone, its partial left out of the merge)."""
+    # As matmul_tiles.store_tile: every thread's partial is stored before the barrier, the one
+    # atomic releases them all and acquires everyone else's; its old value, shared with the
+    # whole program, says whether this program arrived last.
+    tl.debug_barrier()
+    if SKIP_EMPTY:
+        arrive = tl.maximum(used, 1)
+    else:
+        arrive = num_splits
+    if tl.atomic_add(counter, 1, sem="acq_rel") == arrive - 1:
+        rh = tl.arange(0, BLOCK_H)
+        merge_head_group(
+            out_ptr, mid_o_ptr, mid_lse_ptr, t, head0 + rh, rh < G, arrive, used, stride_ot,
+            stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, BLOCK_H, HEAD_DIM,
+            BLOCK_S, CHUNK_S, PEEL,
+        )  # fmt: skip
+        tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
