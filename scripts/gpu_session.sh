@@ -97,6 +97,9 @@
 #           (not MLX), the 16,384-token 8B prefill, 8B affine4 at a 128-token prompt
 #   s18f    for the next session: scripts/resident_gate.py, the gate that failed in s18e, with
 #           resident decode and the empty splits leaving early (SKIP_EMPTY_SPLITS) on and off
+#   s19a    nineteenth session: resident_gate.py (each setting on and off, twice, the prefix cache
+#           off for the two early-leaving runs, the merge counters checked), the GPU tests at the
+#           defaults, 8B affine4 decode at the defaults
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -706,6 +709,16 @@ s18e)  # eighteenth session: see the header
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/b8_16k.json" 2>&1 | grep -E "\| kipp" | cut -c1-200
   QUANTS="affine4" decode8 p128 75 128
+  ;;
+s19a)  # nineteenth session: see the header
+  step "the batched-equals-isolated gate: resident decode x early-leaving splits x prefix cache"
+  timeout 230 python scripts/resident_gate.py --budget 170 2>&1 | grep -vE "Warn|warn" | tee "$OUT/gate.log" | tail -22
+  step "GPU tests at the defaults: graphs, resident decode, staging, async, conformance"
+  timeout 200 python -m pytest -q -p no:cacheprovider -n 6 --timeout 180 -rf --tb=short \
+    tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py tests/cuda/test_resident_decode.py \
+    tests/cuda/test_step_advance.py tests/cuda/test_runner_staging.py tests/conformance -k "not mlx" \
+    2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19a.log" | grep -E "FAILED|^E |passed|failed" | head -20
+  QUANTS="affine4" decode8 def 75
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
   step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"
