@@ -253,7 +253,7 @@ class ModelRunner:
     # -- CUDA graphs ----------------------------------------------------------------------------
 
     def capture(self) -> None:
-        """Capture the prefill buckets and the decode batch sizes, largest first, in one pool."""
+        """Capture the hit head, the prefill buckets and the decode sizes (largest first)."""
         dev, n = self.device, self.max_num_seqs
         params = self.model.config.num_params() / self.model.tp_size
         self.prefill_tokens = prefill_buckets(params, self.max_model_len)
@@ -266,8 +266,10 @@ class ModelRunner:
         self.g_cu: dict[int, torch.Tensor] = {}
         self.graph_bs = graph_batch_sizes(n)
         pool = None
-        keys = [("prefill", t) for t in reversed(self.prefill_tokens)]
-        keys += [("decode", b) for b in reversed(self.graph_bs)]
+        # One pool: a graph's replay may overwrite the outputs of graphs captured after it (they
+        # may sit in what its capture freed). A hit's head logits are read after the step's
+        # prefill or decode replay, so the head is captured first.
+        keys = []
         if self.model.tp_size == 1:  # a prompt-end hit's vocabulary head
             # (slot, src, dst) of a hit; src -1 copies nothing (the warm-up and capture)
             self.h_hit = torch.tensor([0, -1, -1], dtype=torch.int64)
@@ -275,6 +277,8 @@ class ModelRunner:
             self.h_hit_np, self.g_hit = self.h_hit.numpy(), self.h_hit.to(dev)
             self.hit_staged = torch.cuda.Event() if pin else None
             keys.append(("head", 1))
+        keys += [("prefill", t) for t in reversed(self.prefill_tokens)]
+        keys += [("decode", b) for b in reversed(self.graph_bs)]
         with torch.inference_mode():
             for key in keys:
                 # Warm-up inputs that read only block 0 and write nothing: one context position

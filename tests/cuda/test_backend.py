@@ -243,18 +243,45 @@ def test_pdl_is_off_without_a_hopper_gpu(monkeypatch):
 
 class _ReplayByCalling:
     """Stands in for a CUDA graph on CPU: replay re-runs the captured function into the same
-    output tensor, reading the runner's staged inputs as a graph would."""
+    output tensor, reading the runner's staged inputs as a graph would. It also does what the
+    shared memory pool may do on a GPU: the buffers a graph frees at the end of its capture may
+    hold the outputs of any graph captured after it, so replaying it can overwrite those (PyTorch
+    shares a pool safely only between graphs replayed in capture order). Replay poisons them, so
+    a runner that reads a graph's outputs after replaying one captured earlier fails here too."""
 
-    def __init__(self, fn, out):
-        self.fn, self.out = fn, out
+    def __init__(self, fn, out, runner=None):
+        self.fn, self.out, self.later = fn, out, []
+        self.own = set()  # runner buffers a graph writes in place: not the pool's
+        if runner is not None:
+            self.own = {runner.g_last.untyped_storage().data_ptr()}
+            made = runner.__dict__.setdefault("_stand_ins", [])
+            for g in made:
+                g.later.append(self)
+            made.append(self)
+
+    def _outs(self):
+        return self.out if isinstance(self.out, tuple) else (self.out,)
+
+    def poison(self):
+        for o in self._outs():
+            if o.untyped_storage().data_ptr() not in self.own:
+                o.fill_(float("nan") if o.is_floating_point() else -1)
 
     def replay(self):
+        for g in self.later:
+            g.poison()
         got = self.fn()  # a decode graph's (hidden, logits), a prefill graph's hidden
-        for o, g in zip(*((self.out, got) if isinstance(got, tuple) else ((self.out,), (got,)))):
+        for o, g in zip(self._outs(), got if isinstance(got, tuple) else (got,)):
             o.copy_(g)
 
     def pool(self):
         return None
+
+
+def stand_in_capture(runner, fn, pool):
+    """ModelRunner._capture on CPU: (a _ReplayByCalling, its output)."""
+    out = fn()
+    return _ReplayByCalling(fn, out, runner), out
 
 
 def test_graph_staging_and_padding_equal_eager_on_cpu(tiny_path, monkeypatch):
@@ -265,11 +292,7 @@ def test_graph_staging_and_padding_equal_eager_on_cpu(tiny_path, monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the real graphs run (test_gpu_graph_paths_equal_eager)")
-    monkeypatch.setattr(
-        ModelRunner,
-        "_capture",
-        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()),
-    )
+    monkeypatch.setattr(ModelRunner, "_capture", stand_in_capture)
     staged = LLM(str(tiny_path), backend="cuda", dtype="float32", max_num_seqs=5)
     runner = staged.backend.runner
     runner.capture()
@@ -285,11 +308,7 @@ def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monke
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the real graphs run (test_gpu_graph_paths_equal_eager)")
-    monkeypatch.setattr(
-        ModelRunner,
-        "_capture",
-        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()),
-    )
+    monkeypatch.setattr(ModelRunner, "_capture", stand_in_capture)
     kw = dict(backend="cuda", dtype="float32", max_num_seqs=4)
     staged = LLM(str(tiny_path), **kw, speculative="ngram", num_speculative_tokens=3)
     staged.backend.runner.capture()

@@ -10,7 +10,7 @@ import pytest
 
 from kipp_core.backend import PENDING
 from kipp_core.sampling import SamplingParams
-from tests.cuda.test_backend import _ReplayByCalling
+from tests.cuda.test_backend import stand_in_capture
 
 torch = pytest.importorskip("torch")
 
@@ -25,11 +25,7 @@ def staged(llm_factory, monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the real graphs run (test_backend.test_gpu_graph_paths_equal_eager)")
-    monkeypatch.setattr(
-        ModelRunner,
-        "_capture",
-        lambda self, fn, pool: (lambda out: (_ReplayByCalling(fn, out), out))(fn()),
-    )
+    monkeypatch.setattr(ModelRunner, "_capture", stand_in_capture)
 
     def make(**kw):
         llm = llm_factory("cuda", dtype="float32", block_size=8, **kw)
@@ -236,3 +232,35 @@ def test_large_prefill_buckets_stage_apart_and_equal_eager(staged, llm_factory):
         out = llm.generate([ids], GREEDY)[0].token_ids
         assert out == eager.generate([ids], GREEDY)[0].token_ids
     assert ("prefill", 512) in keys and ("prefill", 1024) in keys
+
+
+@pytest.mark.parametrize("second", ["prefill", "decode"])
+def test_a_prompt_end_hit_beside_a_graph_replay(staged, llm_factory, second):
+    """A prompt-end hit (the head graph) and a prefill or decode graph in one step: the hit's
+    logits are read after the other graph's replay, which on a GPU may overwrite them through the
+    shared pool if that graph was captured before the head (the stand-ins poison them then). The
+    tokens equal the eager engine's. (The GPU found it: the conformance gate batched-equals-
+    isolated, a 24-token prompt's hit beside a 7-token prefill.)"""
+    params = P(temperature=0, max_tokens=4, ignore_eos=True)
+    hit, other = _prompts(4)[3], _prompts(3)[1]  # 21 and 11 tokens
+    eager = llm_factory("cuda", dtype="float32", block_size=8)
+    want = [o.token_ids for o in eager.generate([hit, other], params)]
+    llm = staged()
+    assert llm.generate([hit], params)[0].token_ids == want[0]  # cached, with its end hidden
+    eng = llm.engine
+    if second == "decode":
+        eng.add_request("other", other, params)
+        eng.step()  # its prefill: it decodes from the next step on
+    runner, heads = eng.backend.runner, []
+    replay = runner.graphs["head", 1].replay
+    runner.graphs["head", 1].replay = lambda: heads.append(1) or replay()
+    eng.add_request("hit", hit, params)
+    if second == "prefill":
+        eng.add_request("other", other, params)
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert heads == [1], "the hit did not take the head graph"
+    assert done == {"hit": want[0], "other": want[1]}
