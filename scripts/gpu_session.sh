@@ -102,6 +102,8 @@
 #           defaults, 8B affine4 decode at the defaults
 #   s19b    the same gate once (after the fix of 657b3fe), the GPU tests at the new defaults
 #           (resident decode and early-leaving splits on), 8B affine4 decode on / off / on
+#   s19c    the issue-4 targets at the new defaults (0.6B with the transformers peer; 8B bf16,
+#           q8_0, affine4), affine4 at a 128-token prompt
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -734,6 +736,10 @@ s19b)  # nineteenth session: see the header
   QUANTS="affine4" decode8 on1 75
   KIPP_CUDA_RESIDENT_DECODE=0 QUANTS="affine4" decode8 off1 75
   QUANTS="affine4" decode8 on2 75
+  ;;
+s19c)  # nineteenth session: see the header
+  targets
+  QUANTS="affine4" decode8 p128 75 128
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
   step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"
