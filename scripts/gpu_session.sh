@@ -104,6 +104,8 @@
 #           (resident decode and early-leaving splits on), 8B affine4 decode on / off / on
 #   s19c    the issue-4 targets at the new defaults (0.6B with the transformers peer; 8B bf16,
 #           q8_0, affine4), affine4 at a 128-token prompt
+#   s19d    the kernel GPU tests that the new defaults touch (attention with the early-leaving
+#           splits, ops, sampler, head argmax, quant), the 8B 16,384-token prefill
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -740,6 +742,18 @@ s19b)  # nineteenth session: see the header
 s19c)  # nineteenth session: see the header
   targets
   QUANTS="affine4" decode8 p128 75 128
+  ;;
+s19d)  # nineteenth session: see the header
+  step "GPU tests at the new defaults: attention kernels, ops, sampler, head argmax, TP on one GPU"
+  timeout 420 python -m pytest -q -p no:cacheprovider -n 6 --timeout 400 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_attention_kernels.py \
+    tests/cuda/test_op_kernels.py tests/cuda/test_sampler.py tests/cuda/test_head_argmax.py \
+    tests/cuda/test_quant.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19d.log" \
+    | grep -E "FAILED|^E |passed|failed" | head -20
+  step "8B 16k prefill"
+  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
   step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"
