@@ -106,6 +106,9 @@
 #           q8_0, affine4), affine4 at a 128-token prompt
 #   s19d    the kernel GPU tests that the new defaults touch (attention with the early-leaving
 #           splits, ops, sampler, head argmax, quant), the 8B 16,384-token prefill
+#   s19e    16-bit split partials in decode attention (HALF_PARTIALS): the affine4 step at
+#           contexts 2,100 and 2,150 against fp32 partials, 8B affine4 decode on / off / on, the
+#           attention and conformance GPU tests
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -754,6 +757,26 @@ s19d)  # nineteenth session: see the header
   timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
     --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
     --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  ;;
+s19e)  # nineteenth session: see the header
+  for c in 2100 2150; do
+    step "affine4 step, context $c: 16-bit split partials (default) against fp32"
+    timeout 100 python scripts/step_ablation.py --quants affine4 --context $c \
+      --variants "full,da:HALF_PARTIALS=0,da:MERGE_PEEL=0,da:HALF_PARTIALS=1" 2>&1 \
+      | grep -vE "Warn|warn" | tee "$OUT/half_$c.log" | tail -3
+  done
+  for v in 1 0 1; do
+    step "8B affine4 decode, HALF_PARTIALS=$v"
+    timeout 75 python -c "import sys, kipp_cuda.kernels.decode_attention as d; d.HALF_PARTIALS = bool($v)
+from kipp_core.cli.main import main; sys.exit(main())" bench --random-weights qwen3-8b \
+      --backend cuda --quant affine4 --batch-sizes 1 --prompt-len 2048 --gen-len 128 \
+      --kv-cache-memory 16GiB --json "$OUT/half${v}_$SECONDS.json" 2>&1 | grep -E "\| kipp" | cut -c1-200
+  done
+  step "GPU tests: attention kernels, fused merge, bf16 conformance"
+  timeout 150 python -m pytest -q -p no:cacheprovider -n 6 --timeout 140 -rf --tb=short \
+    tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_fused_merge.py tests/conformance \
+    -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19e.log" \
+    | grep -E "FAILED|^E |passed|failed" | head -20
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
   step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"
