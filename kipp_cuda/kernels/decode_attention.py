@@ -48,11 +48,8 @@ SKIP_EMPTY_SPLITS = True  # with FUSED_MERGE: splits past the sequence leave at 
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
 # -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
 # do not (only their context-length load moved before the wait; batch 256 not re-measured)
-MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads,
-# twice as many 16-bit ones; 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096
-HALF_PARTIALS = True  # a bf16/fp16 call keeps its split outputs in its dtype (vLLM's tmp_out; the
-# lse stays fp32): at 8B batch 1, contexts past 2,048 have 33+ splits, which fp32 merges in two
-# chunks (two L2 round trips on the merging program's path), 16-bit in one
+MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads;
+# 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096 (step_ablation.py)
 MERGE_PEEL = True  # the fused merge's first chunk is read with the lse max (split_merge.py)
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
@@ -218,7 +215,7 @@ def _paged_decode_attention_kernel(
                 + heads[:, None] * stride_mh
                 + split * stride_ms
                 + rd[None, :],
-                o.to(mid_o_ptr.dtype.element_ty),
+                o,
                 mask=g_mask[:, None],
             )
             tl.store(
@@ -311,11 +308,9 @@ def _paged_decode_attention_op(
     if one_split:
         mid_o = mid_lse = out  # unused
     else:
-        half = HALF_PARTIALS and q.dtype in (torch.bfloat16, torch.float16)
         mid_o = torch.empty(
-            B, num_q_heads, num_splits, head_dim, dtype=q.dtype if half else torch.float32,
-            device=q.device,
-        )  # fmt: skip
+            B, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
         mid_lse = torch.empty(B, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     counters = split_counters(q.device, B * num_kv_heads) if fused else out  # out: unused
     # The fused merge's blocks (1 when unused, so that they make no extra compilations).
@@ -361,9 +356,7 @@ def _paged_decode_attention_op(
         SKIP_EMPTY=SKIP_EMPTY_SPLITS,
         MERGE_H=merge_h,
         BLOCK_S=block_s,
-        CHUNK_S=min(
-            block_s, max(1, MERGE_CHUNK * 4 // mid_o.element_size() // (merge_h * head_dim))
-        ),
+        CHUNK_S=min(block_s, max(1, MERGE_CHUNK // (merge_h * head_dim))),
         MERGE_PEEL=bool(MERGE_PEEL) and fused,
         num_warps=NUM_WARPS if one_split else NUM_WARPS_SPLIT,
         num_stages=NUM_STAGES if one_split else NUM_STAGES_SPLIT,

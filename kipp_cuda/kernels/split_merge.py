@@ -1,7 +1,6 @@
 """Merging the (lse, out) partials of attention split along the KV sequence (flash-decoding).
 
-A split s of a query head leaves out_s (its softmax-weighted V: fp32, or the model's 16-bit dtype,
-decode_attention.HALF_PARTIALS) and lse_s (the log2 of its
+A split s of a query head leaves out_s (its softmax-weighted V, fp32) and lse_s (the log2 of its
 softmax denominator, -inf for a split with no positions). The merge is
 out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse), summed in split order; all
 splits empty gives zeros. `merge_splits` runs it as a kernel of its own; `merge_head_group` is the
@@ -53,14 +52,13 @@ def merge_splits_kernel(
             mask=(w > 0)[:, None],
             other=0.0,
         )
-        acc += tl.sum(o.to(tl.float32) * w[:, None], axis=0)
+        acc += tl.sum(o * w[:, None], axis=0)
     o = acc / tl.where(den > 0, den, 1.0)
     tl.store(out_ptr + t * stride_ot + head * stride_oh + rd, o.to(out_ptr.dtype.element_ty))
 
 
 def merge_splits(out, mid_o, mid_lse) -> None:
-    """out [T, H, D] from split partials mid_o [T, H, S, D] (fp32 or 16-bit), mid_lse [T, H, S]
-    (fp32, log2)."""
+    """out [T, H, D] from split partials mid_o [T, H, S, D], mid_lse [T, H, S] (fp32, log2)."""
     T, H, S, D = mid_o.shape
     merge_splits_kernel[(T, H)](
         out,
@@ -128,16 +126,14 @@ def merge_head_group(
     acc = tl.zeros((BLOCK_H, HEAD_DIM), tl.float32)
     first = 0
     if PEEL:
-        acc += tl.sum(
-            o_0.to(tl.float32) * tl.math.exp2(lse_0 - lse_max[:, None])[:, :, None], axis=1
-        )
+        acc += tl.sum(o_0 * tl.math.exp2(lse_0 - lse_max[:, None])[:, :, None], axis=1)
         first = CHUNK_S
     for s0 in range(first, used_splits, CHUNK_S):
         lse_c, o = _merge_chunk_loads(
             lse_rows, o_rows, s0, head_mask, num_splits, used_splits, stride_ms, CHUNK_S
         )
         w = tl.math.exp2(lse_c - lse_max[:, None])  # [BLOCK_H, CHUNK_S]
-        acc += tl.sum(o.to(tl.float32) * w[:, :, None], axis=1)
+        acc += tl.sum(o * w[:, :, None], axis=1)
     o = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(
         out_ptr + t * stride_ot + heads[:, None] * stride_oh + rd[None, :],
