@@ -109,6 +109,8 @@
 #   s19e    16-bit split partials in decode attention (HALF_PARTIALS): the affine4 step at
 #           contexts 2,100 and 2,150 against fp32 partials, 8B affine4 decode on / off / on, the
 #           attention and conformance GPU tests
+#   s19f    the affine GEMVs that load one tile at a time load their first before the PDL wait
+#           (KIPP_CUDA_GEMV_EARLY=1, PREFETCH 2): the affine4 step, 8B decode on / off, GPU tests
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -777,6 +779,19 @@ from kipp_core.cli.main import main; sys.exit(main())" bench --random-weights qw
     tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_fused_merge.py tests/conformance \
     -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19e.log" \
     | grep -E "FAILED|^E |passed|failed" | head -20
+  ;;
+s19f)  # nineteenth session: see the header
+  step "affine4 step, context 2100: the one-tile GEMVs' first tile before the PDL wait"
+  timeout 90 python scripts/step_ablation.py --quants affine4 --context 2100 \
+    --variants "full,env:KIPP_CUDA_GEMV_EARLY=1" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/early.log" | tail -3
+  for v in 1 0; do
+    step "8B affine4 decode, KIPP_CUDA_GEMV_EARLY=$v"
+    KIPP_CUDA_GEMV_EARLY=$v QUANTS="affine4" decode8 early$v 60
+  done
+  step "GPU tests: the 8B-shape quantized GEMVs with the first tile early"
+  KIPP_CUDA_GEMV_EARLY=1 timeout 75 python -m pytest -q -p no:cacheprovider -n 4 --timeout 70 \
+    tests/cuda/test_matmul_kernels.py -k "gpu_quantized_matmuls_at_8b_shapes" 2>&1 \
+    | grep -vE "Warn|warn" | tee "$OUT/tests_s19f.log" | grep -E "FAILED|^E |passed|failed" | head
   ;;
 s18f)  # eighteenth session: see the header (not run: the device time was spent)
   step "the batched-equals-isolated gate with resident decode and SKIP_EMPTY_SPLITS on and off"

@@ -8,6 +8,8 @@ value).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -61,6 +63,45 @@ def _affine_gemv_tile(
 
 
 @triton.jit
+def _affine_gemv_step(
+    x_ptr, w, s, b, g0, rg, g_end, BITS: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, WPG: tl.constexpr, INT_X: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    # One K step's [BLOCK_N, BLOCK_G] group sums of the tile (w, s, b) of groups g0.., zero
+    # past g_end. Per group, sum(x w) = s sum(x q) + b sum(x); sum(x q) from dp2a on int16 x
+    # (INT_X, group size 32) or exact in fp32.
+    g = tl.minimum(g0 + rg, g_end - 1)
+    if INT_X and GROUP == 32:  # x as int16, dp2a on the weights' bytes (bits.py)
+        xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
+        dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
+        if BITS == 4:
+            # Even nibbles as bytes n, odd ones masked in place as bytes 16 n (no shift):
+            # pairs 4c, 4c + 1 meet the first, 4c + 2, 4c + 3 the second, summed apart.
+            dot16 = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
+            for c in tl.static_range(WPG):
+                lo = w[c] & 0x0F0F0F0F
+                hi = w[c] & -252645136  # 0xF0F0F0F0
+                dot = dot2(xq[4 * c][None, :], lo, dot, False, True, ASM)
+                dot = dot2(xq[4 * c + 1][None, :], lo, dot, True, True, ASM)
+                dot16 = dot2(xq[4 * c + 2][None, :], hi, dot16, False, True, ASM)
+                dot16 = dot2(xq[4 * c + 3][None, :], hi, dot16, True, True, ASM)
+            xq_s = (dot * 16 + dot16).to(tl.float32) * (xs * 0.0625)[None, :]
+        else:
+            for c in tl.static_range(WPG):
+                dot = dot2(xq[2 * c][None, :], w[c], dot, False, True, ASM)
+                dot = dot2(xq[2 * c + 1][None, :], w[c], dot, True, True, ASM)
+            xq_s = dot.to(tl.float32) * xs[None, :]
+        part = xq_s * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
+        part = tl.where((g0 + rg < g_end)[None, :], part, 0.0)
+    else:
+        part = _affine_fp32_group(
+            x_ptr, w, s, b, g, g0, rg, g_end, BITS, GROUP, BLOCK_N, BLOCK_G, ASM
+        )
+    return part
+
+
+@triton.jit
 def _affine_gemv_kernel(
     x_ptr,
     wq_ptr,
@@ -93,8 +134,7 @@ def _affine_gemv_kernel(
     PACKED: tl.constexpr,
 ):
     # One token (x: [K]). The tile layout of q8_0_gemv.py: element (n, g) is group g of
-    # row n (WPG words, a scale and a bias) in one thread. Per group, sum(x w) = s sum(x q) +
-    # b sum(x); sum(x q) from dp2a on int16 x (INT_X, group size 32) or exact in fp32.
+    # row n (WPG words, a scale and a bias) in one thread. PREFETCH: matmul_tiles.launch_options.
     pdl_trigger(PDL)
     WPG: tl.constexpr = GROUP * BITS // 32
     pid_n = tl.program_id(0)
@@ -113,8 +153,14 @@ def _affine_gemv_kernel(
         )  # fmt: skip
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     pdl_wait(PDL)  # the first weight tile is in flight; x comes from the previous kernel
-    for g0 in range(g_start, g_end, BLOCK_G):
-        if PREFETCH:  # the next tile's loads go out before this tile's math: two in flight
+    g_first = g_start
+    if PREFETCH == 2:  # EARLY: the first step, peeled, on the tile loaded before the wait
+        acc += _affine_gemv_step(
+            x_ptr, w, s, b, g_start, rg, g_end, BITS, GROUP, BLOCK_N, BLOCK_G, WPG, INT_X, ASM
+        )  # fmt: skip
+        g_first = g_start + BLOCK_G
+    for g0 in range(g_first, g_end, BLOCK_G):
+        if PREFETCH == 1:  # the next tile's loads go out before this tile's math: two in flight
             nw, ns, nb = _affine_gemv_tile(
                 w_rows, s_rows, b_rows, tl.minimum(g0 + BLOCK_G + rg, g_end - 1), stride_sg,
                 stride_bg, WPG, PACKED, ASM,
@@ -124,34 +170,10 @@ def _affine_gemv_kernel(
                 w_rows, s_rows, b_rows, tl.minimum(g0 + rg, g_end - 1), stride_sg, stride_bg,
                 WPG, PACKED, ASM,
             )  # fmt: skip
-        g = tl.minimum(g0 + rg, g_end - 1)
-        if INT_X and GROUP == 32:  # x as int16, dp2a on the weights' bytes (bits.py)
-            xq, xs, x_sum = quant_x16(x_ptr, g * 32, BITS == 4, ASM)
-            dot = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
-            if BITS == 4:
-                # Even nibbles as bytes n, odd ones masked in place as bytes 16 n (no shift):
-                # pairs 4c, 4c + 1 meet the first, 4c + 2, 4c + 3 the second, summed apart.
-                dot16 = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.int32)
-                for c in tl.static_range(WPG):
-                    lo = w[c] & 0x0F0F0F0F
-                    hi = w[c] & -252645136  # 0xF0F0F0F0
-                    dot = dot2(xq[4 * c][None, :], lo, dot, False, True, ASM)
-                    dot = dot2(xq[4 * c + 1][None, :], lo, dot, True, True, ASM)
-                    dot16 = dot2(xq[4 * c + 2][None, :], hi, dot16, False, True, ASM)
-                    dot16 = dot2(xq[4 * c + 3][None, :], hi, dot16, True, True, ASM)
-                xq_s = (dot * 16 + dot16).to(tl.float32) * (xs * 0.0625)[None, :]
-            else:
-                for c in tl.static_range(WPG):
-                    dot = dot2(xq[2 * c][None, :], w[c], dot, False, True, ASM)
-                    dot = dot2(xq[2 * c + 1][None, :], w[c], dot, True, True, ASM)
-                xq_s = dot.to(tl.float32) * xs[None, :]
-            part = xq_s * s.to(tl.float32) + x_sum[None, :] * b.to(tl.float32)
-            acc += tl.where((g0 + rg < g_end)[None, :], part, 0.0)
-        else:
-            acc += _affine_fp32_group(
-                x_ptr, w, s, b, g, g0, rg, g_end, BITS, GROUP, BLOCK_N, BLOCK_G, ASM
-            )
-        if PREFETCH:
+        acc += _affine_gemv_step(
+            x_ptr, w, s, b, g0, rg, g_end, BITS, GROUP, BLOCK_N, BLOCK_G, WPG, INT_X, ASM
+        )  # fmt: skip
+        if PREFETCH == 1:
             w, s, b = nw, ns, nb
     store_row(
         acc, out_ptr, part_ptr, lock_ptr, rn, width, pid_n, pid_k, BLOCK_N, SPLIT_K, SWIGLU,
@@ -229,6 +251,14 @@ def gemv_config(
     split = pick_split_k(device, triton.cdiv(N, bn), triton.cdiv(num_groups, bg), 1)
     # (the interpreter keeps the prefetching loop, which the CPU gates then run through)
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
+
+
+def _early(opts: dict) -> dict:
+    """KIPP_CUDA_GEMV_EARLY=1 (an experiment's switch for scripts/step_ablation.py): configs that
+    load one tile at a time (PREFETCH 0) load their first before the PDL wait (PREFETCH 2)."""
+    if opts["PREFETCH"] == 0 and os.environ.get("KIPP_CUDA_GEMV_EARLY", "0") == "1":
+        return {**opts, "PREFETCH": 2}
+    return opts
 
 
 def scale_bias_operands(scales: torch.Tensor, biases: torch.Tensor):
@@ -310,7 +340,7 @@ def affine_gemv(
         HEAD=head_keys is not None,
         ROUND=_TL[x.dtype] if head_keys is not None else None,
         PACKED=packed,
-        **launch_options(cfg, x.dtype),
+        **_early(launch_options(cfg, x.dtype)),
         **pdl,
     )
     return out

@@ -210,11 +210,13 @@ def int_x(cfg: dict, x_dtype: torch.dtype) -> bool:
 
 
 def launch_options(cfg: dict, x_dtype: torch.dtype) -> dict:
-    """A quantized GEMV config's launch options: PREFETCH (the next K step's loads in flight
-    during this one's math; default on), INT_X (int_x), num_warps, and maxnreg where the tuned
-    table caps registers for occupancy."""
+    """A quantized GEMV config's launch options: PREFETCH (1 or True: the first K step's loads
+    before the PDL wait and each next step's in flight during this one's math, the default; 0:
+    one step's loads at a time, all after the wait; 2, affine only: the first step's before the
+    wait, then one at a time), INT_X (int_x), num_warps, and maxnreg where the tuned table caps
+    registers."""
     opts = dict(
-        PREFETCH=cfg.get("PREFETCH", True),
+        PREFETCH=int(cfg.get("PREFETCH", True)),
         INT_X=int_x(cfg, x_dtype),
         num_warps=cfg["num_warps"],
     )

@@ -168,16 +168,21 @@ def test_gpu_quantized_matmuls_at_8b_shapes(proj, int16_x, monkeypatch):
         dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=False),
         dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=False),
         dict(BLOCK_N=16, BLOCK_G=2, SPLIT_K=2, num_warps=4, PREFETCH=True),
+        dict(BLOCK_N=8, BLOCK_G=4, SPLIT_K=1, num_warps=4, PREFETCH=2),
+        dict(BLOCK_N=4, BLOCK_G=64, SPLIT_K=1, num_warps=4, PREFETCH=2),
+        dict(BLOCK_N=4, BLOCK_G=8, SPLIT_K=3, num_warps=4, PREFETCH=2),
     ],
-    ids=["one-tile", "one-tile-split3", "prefetch-split2"],
+    ids=["one-tile", "one-tile-split3", "prefetch-split2", "early", "early-one-step", "early-3"],
 )
 def test_quantized_gemv_launch_options(cfg):
-    """The tuned table's launch options (PREFETCH off: one tile in flight a program) on masked
-    rows, a K split that leaves a short last split, and groups that do not fill a K step."""
+    """The tuned table's launch options (PREFETCH off: one tile in flight a program; 2: its first
+    tile before the PDL wait) on masked rows, a K split that leaves a short last split, groups
+    that do not fill a K step, and (early-one-step) all of K in one step."""
     N, K = 37, 1216  # 38 groups
     qs, d, w64 = q8_weights(N, K, seed=12)
     x = randn(1, K, dtype=torch.bfloat16, seed=13)
-    close(run(qg.q8_0_gemv, x, qs, d, cfg), x.double().cpu() @ w64.T, torch.bfloat16)
+    if cfg["PREFETCH"] != 2:  # (affine only)
+        close(run(qg.q8_0_gemv, x, qs, d, cfg), x.double().cpu() @ w64.T, torch.bfloat16)
     for bits in (4, 8):
         wq, s, b, w64 = affine_weights(N, K, bits, 32, seed=14, sdtype=torch.bfloat16)
         close(
