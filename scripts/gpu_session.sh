@@ -111,6 +111,7 @@
 #           attention and conformance GPU tests
 #   s19f    the affine GEMVs that load one tile at a time load their first before the PDL wait
 #           (KIPP_CUDA_GEMV_EARLY=1, PREFETCH 2): the affine4 step, 8B decode on / off, GPU tests
+#           (run at a55b14d's code; the switch is gone since the tuned table sets PREFETCH 2)
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)

@@ -8,8 +8,6 @@ value).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -253,14 +251,6 @@ def gemv_config(
     return dict(BLOCK_N=bn, BLOCK_G=bg, SPLIT_K=split, num_warps=4, PREFETCH=interpreting())
 
 
-def _early(opts: dict) -> dict:
-    """KIPP_CUDA_GEMV_EARLY=1 (an experiment's switch for scripts/step_ablation.py): configs that
-    load one tile at a time (PREFETCH 0) load their first before the PDL wait (PREFETCH 2)."""
-    if opts["PREFETCH"] == 0 and os.environ.get("KIPP_CUDA_GEMV_EARLY", "0") == "1":
-        return {**opts, "PREFETCH": 2}
-    return opts
-
-
 def scale_bias_operands(scales: torch.Tensor, biases: torch.Tensor):
     """The GEMV's scale and bias operands and PACKED: where they are the two halves of one
     interleaved 16-bit buffer (quant.interleave_scale_bias), one int32 view of it (PACKED 2 for
@@ -340,7 +330,7 @@ def affine_gemv(
         HEAD=head_keys is not None,
         ROUND=_TL[x.dtype] if head_keys is not None else None,
         PACKED=packed,
-        **_early(launch_options(cfg, x.dtype)),
+        **launch_options(cfg, x.dtype),
         **pdl,
     )
     return out
