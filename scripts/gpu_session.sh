@@ -112,6 +112,9 @@
 #   s19f    the affine GEMVs that load one tile at a time load their first before the PDL wait
 #           (KIPP_CUDA_GEMV_EARLY=1, PREFETCH 2): the affine4 step, 8B decode on / off, GPU tests
 #           (run at a55b14d's code; the switch is gone since the tuned table sets PREFETCH 2)
+#   s20a    for the next session: the four 8B affine4 layer GEMVs' tiles swept inside the decode
+#           graph (KIPP_CUDA_TUNED, one shape a variant) against the table, now that PREFETCH 2
+#           streams their first tile during the kernel before; then 8B affine4 decode
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -780,6 +783,19 @@ from kipp_core.cli.main import main; sys.exit(main())" bench --random-weights qw
     tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_fused_merge.py tests/conformance \
     -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19e.log" \
     | grep -E "FAILED|^E |passed|failed" | head -20
+  ;;
+s20a)  # for the next session: see the header (not run yet)
+  v="full"
+  for shape in 6144x4096 4096x4096 24576x4096 4096x12288; do
+    for t in BLOCK_N=8/num_warps=4 BLOCK_N=16/num_warps=4 BLOCK_N=16/num_warps=8 \
+        BLOCK_N=32/num_warps=8 PREFETCH=1; do
+      v="$v,env:KIPP_CUDA_TUNED=affine4/$shape/$t"
+    done
+  done
+  step "affine4 step, context 2100: each layer GEMV's tile inside the decode graph"
+  timeout 400 python scripts/step_ablation.py --quants affine4 --context 2100 --variants "$v,env:KIPP_UNUSED=1" \
+    2>&1 | grep -vE "Warn|warn" | tee "$OUT/tiles_in_graph.log" | tail -3
+  QUANTS="affine4" decode8 b8 75
   ;;
 s19f)  # nineteenth session: see the header
   step "affine4 step, context 2100: the one-tile GEMVs' first tile before the PDL wait"

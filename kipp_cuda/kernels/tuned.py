@@ -1,11 +1,16 @@
 """Launch configs measured per shape (vLLM's tuned-config files): `configs/h200_gemv.json` holds the
 fastest config of each Qwen3 decode GEMV shape from scripts/kernel_sweep.py on an H200. Shapes not
-in the table (tensor-parallel shards, other models) use each kernel's heuristic."""
+in the table (tensor-parallel shards, other models) use each kernel's heuristic.
+
+KIPP_CUDA_TUNED=family/NxK/KEY=v/KEY=v... replaces the named keys of one shape's config, for
+sweeps inside the whole decode graph (scripts/step_ablation.py `env:` variants), where a tile's
+cost includes what overlaps it; for example affine4/24576x4096/BLOCK_N=16/num_warps=8."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 
@@ -17,4 +22,20 @@ def _table() -> dict:
 def tuned_config(family: str, N: int, K: int) -> dict | None:
     """The measured config of a `family` ("dense", "q8_0", "affine4") GEMV of w [N, K], or None."""
     cfg = _table().get(family, {}).get(f"{N}x{K}")
-    return dict(cfg) if cfg else None
+    cfg = dict(cfg) if cfg else None
+    override = os.environ.get("KIPP_CUDA_TUNED")
+    if override:
+        fam, shape, *pairs = override.split("/")
+        if (fam, shape) == (family, f"{N}x{K}"):
+            cfg = {**(cfg or {}), **_values(pairs, override)}
+    return cfg
+
+
+def _values(pairs: list[str], override: str) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise ValueError(f"KIPP_CUDA_TUNED: {pair!r} in {override!r} is not KEY=integer")
+        out[key] = int(value)
+    return out
