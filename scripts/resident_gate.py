@@ -1,11 +1,12 @@
 """The conformance gate "batched equals isolated" (tests/conformance/test_backend_gates.py) on the
 GPU with resident decode inputs on and off, and the decode attention's empty splits leaving early
 (SKIP_EMPTY_SPLITS) on and off: six prompts generated one at a time, then again with staggered
-arrivals in one engine, each against the eager model (graphs off, both settings off). It failed
-once with both on in the eighteenth session (BENCHMARKS.md); this says which of the two it
-follows, whether it repeats, whether it needs the prefix cache (the staggered run's prompts are
-prompt-end hits of the alone run's), and whether the fused merge's arrival counters are all back
-at zero after a run (a miscount leaves one off, which then corrupts every later merge).
+arrivals in one engine, each against the eager model (graphs off, both settings off), with the
+prefix cache on (the staggered run's prompts are then prompt-end hits of the alone run's) and off;
+and whether the fused merge's arrival counters are all back at zero after a run (a miscount
+leaves one off, which then corrupts every later merge). In the nineteenth session it showed that
+the gate's failure followed the prefix cache, not either setting: the head graph's pool bug
+(BENCHMARKS.md).
 
 python scripts/resident_gate.py [--budget SECONDS] [--reps N]
 """
