@@ -112,9 +112,12 @@
 #   s19f    the affine GEMVs that load one tile at a time load their first before the PDL wait
 #           (KIPP_CUDA_GEMV_EARLY=1, PREFETCH 2): the affine4 step, 8B decode on / off, GPU tests
 #           (run at a55b14d's code; the switch is gone since the tuned table sets PREFETCH 2)
-#   s20a    for the next session: the four 8B affine4 layer GEMVs' tiles swept inside the decode
-#           graph (KIPP_CUDA_TUNED, one shape a variant) against the table, now that PREFETCH 2
-#           streams their first tile during the kernel before; then 8B affine4 decode
+#   s20a    twentieth session: the five 8B affine4 GEMVs' tiles (the four layer shapes and the
+#           head) and decode attention's settings swept inside the decode graph (KIPP_CUDA_TUNED
+#           and da: variants, one change a variant, three controls), 500 replays each, at
+#           context 2,100; scripts/pick_tiles.py prints the combined winners ($OUT/tiles.json)
+#   s20b    COMBO=<KIPP_CUDA_TUNED value>: the step with and without it, twice each, then 8B
+#           affine4 decode without / with / without
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -784,18 +787,36 @@ from kipp_core.cli.main import main; sys.exit(main())" bench --random-weights qw
     -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19e.log" \
     | grep -E "FAILED|^E |passed|failed" | head -20
   ;;
-s20a)  # for the next session: see the header (not run yet)
+s20a)  # twentieth session: see the header
   v="full"
-  for shape in 6144x4096 4096x4096 24576x4096 4096x12288; do
-    for t in BLOCK_N=8/num_warps=4 BLOCK_N=16/num_warps=4 BLOCK_N=16/num_warps=8 \
-        BLOCK_N=32/num_warps=8 PREFETCH=1; do
-      v="$v,env:KIPP_CUDA_TUNED=affine4/$shape/$t"
-    done
-  done
-  step "affine4 step, context 2100: each layer GEMV's tile inside the decode graph"
-  timeout 400 python scripts/step_ablation.py --quants affine4 --context 2100 --variants "$v,env:KIPP_UNUSED=1" \
-    2>&1 | grep -vE "Warn|warn" | tee "$OUT/tiles_in_graph.log" | tail -3
-  QUANTS="affine4" decode8 b8 75
+  tiles() { for t in "${@:2}"; do v="$v,env:KIPP_CUDA_TUNED=affine4/$1/$t"; done; }
+  tiles 6144x4096 BLOCK_N=16 BLOCK_N=4 BLOCK_N=16/num_warps=8 num_warps=8 BLOCK_G=64 PREFETCH=1
+  tiles 4096x4096 BLOCK_N=8/num_warps=4 BLOCK_N=8 BLOCK_N=32 num_warps=4 PREFETCH=1 \
+    SPLIT_K=2/BLOCK_G=64
+  v="$v,env:KIPP_UNUSED=1"
+  tiles 24576x4096 BLOCK_N=16 BLOCK_N=16/num_warps=8 BLOCK_N=4 num_warps=8 BLOCK_G=64 PREFETCH=1
+  tiles 4096x12288 BLOCK_N=8/num_warps=4 BLOCK_N=8 BLOCK_N=32 num_warps=4 PREFETCH=1 SPLIT_K=2 \
+    BLOCK_G=64
+  tiles 151936x4096 PREFETCH=2 PREFETCH=0 BLOCK_N=8 BLOCK_N=32/num_warps=8 num_warps=8 \
+    BLOCK_G=128/PREFETCH=2
+  v="$v,env:KIPP_UNUSED=2,da:MERGE_CHUNK=32768,da:MIN_TILES_PER_SPLIT=2"
+  v="$v,da:MIN_TILES_PER_SPLIT=2;NUM_STAGES_SPLIT=2,da:NUM_WARPS_SPLIT=8,da:BLOCK_N=32"
+  v="$v,env:KIPP_UNUSED=3"
+  step "affine4 step, context 2100: GEMV tiles and attention settings inside the decode graph"
+  timeout 560 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
+    --variants "$v" --json "$OUT/tiles.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/tiles.log"
+  grep -E "failed" "$OUT/tiles.log" | cut -c1-160
+  python scripts/pick_tiles.py "$OUT/tiles.json" --quant affine4 2>&1
+  python -c "import json; [print(f'{k}: {t:.4f}') for k, t in json.load(open('$OUT/tiles.json'))['affine4'].items() if not k.startswith('env:KIPP_CUDA')]"
+  ;;
+s20b)  # twentieth session: see the header
+  step "affine4 step, context 2100: the table against COMBO, twice each"
+  timeout 200 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
+    --variants "full,env:KIPP_CUDA_TUNED=$COMBO,env:KIPP_UNUSED=1,env:KIPP_CUDA_TUNED=$COMBO+env:KIPP_UNUSED=2" \
+    --json "$OUT/combo.json" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/combo.log" | tail -3
+  QUANTS="affine4" decode8 table1 75
+  KIPP_CUDA_TUNED="$COMBO" QUANTS="affine4" decode8 combo 75
+  QUANTS="affine4" decode8 table2 75
   ;;
 s19f)  # nineteenth session: see the header
   step "affine4 step, context 2100: the one-tile GEMVs' first tile before the PDL wait"

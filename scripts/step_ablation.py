@@ -14,6 +14,9 @@ fusing that kernel away could save at most.
   env:NAME=v   the graph captured with environment variable NAME set to v (for example
             env:KIPP_CUDA_PDL=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
+A variant that fails to build or run is reported and left out of the table (a tile sweep may
+name configs a kernel refuses). --json writes {quant: {variant: ms}} for scripts/pick_tiles.py.
+
 python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 
 import torch
@@ -121,6 +125,7 @@ def main() -> None:
     p.add_argument("--kv-cache-memory", default="4GiB")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=1)
+    p.add_argument("--json", help="write the step times here")
     args = p.parse_args()
     path = random_checkpoint(args.shape)
     device = torch.device("cuda")
@@ -140,13 +145,20 @@ def main() -> None:
         runner.inputs.stage_one_sequence(args.context, runner.block_size)
         times = {}
         for v in args.variants.split(","):
-            with patched(v):
-                times[v] = step_ms(runner, device, args.steps)
+            try:
+                with patched(v):
+                    times[v] = step_ms(runner, device, args.steps)
+            except Exception as e:  # noqa: BLE001 - a refused config; the sweep goes on
+                print(f"{quant} {v}: failed: {type(e).__name__}: {str(e)[:200]}")
+                torch.cuda.synchronize(device)
         rows.append((quant, times))
         runner.graphs.clear()
         del shard, runner
         torch.cuda.empty_cache()
-    names = args.variants.split(",")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({quant: t for quant, t in rows}, f, indent=1)
+    names = [n for n in args.variants.split(",") if all(n in t for _, t in rows)]
     print(f"{args.shape}, batch-1 decode graph, context {args.context}, {args.steps} replays")
     print("| quant | " + " | ".join(f"{n} ms" for n in names) + " | saved without each |")
     print("|---|" + "---|" * len(names) + "---|")

@@ -4,7 +4,8 @@ in the table (tensor-parallel shards, other models) use each kernel's heuristic.
 
 KIPP_CUDA_TUNED=family/NxK/KEY=v/KEY=v... replaces the named keys of one shape's config, for
 sweeps inside the whole decode graph (scripts/step_ablation.py `env:` variants), where a tile's
-cost includes what overlaps it; for example affine4/24576x4096/BLOCK_N=16/num_warps=8."""
+cost includes what overlaps it; for example affine4/24576x4096/BLOCK_N=16/num_warps=8. Several
+shapes' overrides join with ';' (scripts/pick_tiles.py combines a sweep's winners so)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ def tuned_config(family: str, N: int, K: int) -> dict | None:
     """The measured config of a `family` ("dense", "q8_0", "affine4") GEMV of w [N, K], or None."""
     cfg = _table().get(family, {}).get(f"{N}x{K}")
     cfg = dict(cfg) if cfg else None
-    override = os.environ.get("KIPP_CUDA_TUNED")
-    if override:
+    for override in filter(None, os.environ.get("KIPP_CUDA_TUNED", "").split(";")):
         fam, shape, *pairs = override.split("/")
         if (fam, shape) == (family, f"{N}x{K}"):
             cfg = {**(cfg or {}), **_values(pairs, override)}
