@@ -118,6 +118,9 @@
 #           context 2,100; scripts/pick_tiles.py prints the combined winners ($OUT/tiles.json)
 #   s20b    COMBO=<KIPP_CUDA_TUNED value>: the step with and without it, twice each, then 8B
 #           affine4 decode without / with / without
+#   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
+#           heads and warps a program (set: variants), the head's tile around its new one,
+#           attention's split counts; then 8B affine4 decode at the table
 #   s11     eleventh session: prompt-end, graph, sampler, copy and quantizer tests, the hit's
 #           profile, the 0.6B line of `targets` ("s11 8b": all of `targets`; "s11 only8b": the
 #           8B line after the tests and profile)
@@ -817,6 +820,27 @@ s20b)  # twentieth session: see the header
   QUANTS="affine4" decode8 table1 75
   KIPP_CUDA_TUNED="$COMBO" QUANTS="affine4" decode8 combo 75
   QUANTS="affine4" decode8 table2 75
+  ;;
+s20c)  # twentieth session: see the header
+  v="full,set:rms_norm.MAX_ROW_WARPS=8,set:rms_norm.MAX_ROW_WARPS=4,set:rms_norm.MAX_ROW_WARPS=32"
+  for t in BLOCK_HEADS=4 BLOCK_HEADS=2 BLOCK_HEADS=16 NUM_WARPS=2 NUM_WARPS=8; do
+    v="$v,set:qk_norm_rope.$t"
+  done
+  v="$v,set:qk_norm_rope.BLOCK_HEADS=2;qk_norm_rope.NUM_WARPS=2"
+  v="$v,set:qk_norm_rope.BLOCK_HEADS=4;qk_norm_rope.NUM_WARPS=2,env:KIPP_UNUSED=1"
+  for t in PREFETCH=0 PREFETCH=1 BLOCK_N=8 BLOCK_N=32 BLOCK_N=32/num_warps=8 num_warps=8 \
+      num_warps=2 BLOCK_N=8/BLOCK_G=64; do
+    v="$v,env:KIPP_CUDA_TUNED=affine4/151936x4096/$t"
+  done
+  v="$v,env:KIPP_UNUSED=2,da:PROGRAMS_PER_SM=3,da:PROGRAMS_PER_SM=5,da:MERGE_PEEL=0"
+  v="$v,da:MAX_SPLITS=64,da:MAX_SPLITS=40,env:KIPP_UNUSED=3"
+  step "affine4 step, context 2100: norms, q/k norm, head tile, attention splits in the graph"
+  timeout 400 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
+    --variants "$v" --json "$OUT/sweep2.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/sweep2.log"
+  grep -E "failed" "$OUT/sweep2.log" | cut -c1-160
+  python scripts/pick_tiles.py "$OUT/sweep2.json" --quant affine4 2>&1
+  python -c "import json; [print(f'{t:.4f} {k}') for k, t in json.load(open('$OUT/sweep2.json'))['affine4'].items()]"
+  QUANTS="affine4" decode8 s20c 75
   ;;
 s19f)  # nineteenth session: see the header
   step "affine4 step, context 2100: the one-tile GEMVs' first tile before the PDL wait"

@@ -11,6 +11,8 @@ fusing that kernel away could save at most.
   gemv      none of the four above: the GEMVs alone
   da:A=v;B=w   the full model with decode_attention's module settings A, B changed (for example
             da:PREFETCH_KV=0;MIN_TILES_PER_SPLIT=1), to compare attention variants in the step
+  set:M.A=v;M.B=w   the same for module settings of any kipp_cuda.kernels module M (for example
+            set:rms_norm.MAX_ROW_WARPS=8;qk_norm_rope.BLOCK_HEADS=4)
   env:NAME=v   the graph captured with environment variable NAME set to v (for example
             env:KIPP_CUDA_PDL=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 
@@ -70,6 +73,13 @@ def _patches(name):
         return [
             (decode_attention, k, int(v)) for k, v in (kv.split("=") for kv in name[3:].split(";"))
         ]
+    if name.startswith("set:"):
+        out = []
+        for kv in name[4:].split(";"):
+            path, v = kv.split("=")
+            mod, attr = path.rsplit(".", 1)
+            out.append((importlib.import_module(f"kipp_cuda.kernels.{mod}"), attr, int(v)))
+        return out
     return PATCHES.get(name, [])
 
 

@@ -19,6 +19,9 @@ from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.kv_write import check_cache, kv_write_ref
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
+BLOCK_HEADS = 8  # q and k heads a program (the 8B's 32 + 8 and its v heads: 6 programs a token)
+NUM_WARPS = 4
+
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -170,7 +173,7 @@ def _qk_norm_rope_op(
     k = torch.empty((T, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if T == 0:
         return q, k
-    block_heads = min(8, triton.next_power_of_2(num_heads + num_kv_heads))
+    block_heads = min(BLOCK_HEADS, triton.next_power_of_2(num_heads + num_kv_heads))
     pdl = launch_kwargs(qkv.device)
     grid = (T, triton.cdiv(num_heads + num_kv_heads, block_heads))
     _qk_norm_rope_kernel[grid](
@@ -196,7 +199,7 @@ def _qk_norm_rope_op(
         BLOCK_HEADS=block_heads,
         WRITE_KV=False,
         PAGE_SIZE=1,
-        num_warps=4,
+        num_warps=NUM_WARPS,
         PDL=bool(pdl),
         **pdl,
     )
@@ -273,7 +276,7 @@ def _qk_norm_rope_kv_write_op(
     if T == 0:
         return q
     heads = num_heads + 2 * num_kv_heads
-    block_heads = min(8, triton.next_power_of_2(heads))
+    block_heads = min(BLOCK_HEADS, triton.next_power_of_2(heads))
     pdl = launch_kwargs(qkv.device)
     _qk_norm_rope_kernel[(T, triton.cdiv(heads, block_heads))](
         qkv,
@@ -296,7 +299,7 @@ def _qk_norm_rope_kv_write_op(
         BLOCK_HEADS=block_heads,
         WRITE_KV=True,
         PAGE_SIZE=k_cache.shape[1],
-        num_warps=4,
+        num_warps=NUM_WARPS,
         PDL=bool(pdl),
         **pdl,
     )

@@ -64,11 +64,14 @@ def norm_row(s, w, H, eps, dtype: tl.constexpr):
     return (h * w).to(dtype)
 
 
+MAX_ROW_WARPS = 16  # a 4096-wide row: 16 warps of 8 values a thread
+
+
 def row_launch(H: int) -> tuple[int, int]:
     """(BLOCK_H, num_warps) of a one-row-a-program norm: ~8 elements a thread. Kernels that must
     round like rms_norm use the same pair, so that tl.sum reduces in the same order."""
     block_h = triton.next_power_of_2(H)
-    return block_h, min(16, max(1, block_h // 256))
+    return block_h, min(MAX_ROW_WARPS, max(1, block_h // 256))
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:

@@ -39,6 +39,9 @@ CFGS = {
     "one-tile": dict(BLOCK_N=64, BLOCK_G=16, SPLIT_K=1, num_warps=4, PREFETCH=False),
     "prefetch-split2": dict(BLOCK_N=128, BLOCK_G=4, SPLIT_K=2, num_warps=4, PREFETCH=True),
     "split3": dict(BLOCK_N=256, BLOCK_G=2, SPLIT_K=3, num_warps=4, PREFETCH=False),
+    # the tuned 8B affine4 head's mode: its one K step's tile loaded before the PDL wait (q8_0
+    # reads 2 as PREFETCH on, dense has no such option)
+    "early-one-step": dict(BLOCK_N=64, BLOCK_G=16, SPLIT_K=1, num_warps=4, PREFETCH=2),
 }
 
 
