@@ -118,6 +118,8 @@
 #           context 2,100; scripts/pick_tiles.py prints the combined winners ($OUT/tiles.json)
 #   s20b    COMBO=<KIPP_CUDA_TUNED value>: the step with and without it, twice each, then 8B
 #           affine4 decode without / with / without
+#   s20d    at the new defaults (q/k norm 4 heads a program, the merge without its peeled chunk,
+#           the head's 8-row tile): the same sweep around them, then 8B affine4 decode twice
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -820,6 +822,24 @@ s20b)  # twentieth session: see the header
   QUANTS="affine4" decode8 table1 75
   KIPP_CUDA_TUNED="$COMBO" QUANTS="affine4" decode8 combo 75
   QUANTS="affine4" decode8 table2 75
+  ;;
+s20d)  # twentieth session: see the header
+  v="full,set:qk_norm_rope.BLOCK_HEADS=2,set:qk_norm_rope.BLOCK_HEADS=8"
+  v="$v,set:qk_norm_rope.NUM_WARPS=8,set:qk_norm_rope.NUM_WARPS=2"
+  v="$v,set:qk_norm_rope.BLOCK_HEADS=8;qk_norm_rope.NUM_WARPS=8,set:qk_norm_rope.NUM_WARPS=1"
+  v="$v,env:KIPP_UNUSED=1,da:MERGE_PEEL=1,da:MERGE_CHUNK=32768,da:MERGE_CHUNK=8192"
+  v="$v,da:NUM_WARPS_SPLIT=8,da:PREFETCH_KV=0,set:rms_norm.MAX_ROW_WARPS=32"
+  for t in BLOCK_N=16 BLOCK_N=4 BLOCK_N=4/num_warps=2 num_warps=2; do
+    v="$v,env:KIPP_CUDA_TUNED=affine4/151936x4096/$t"
+  done
+  v="$v,env:KIPP_UNUSED=2"
+  step "affine4 step, context 2100: around the new defaults, in the graph"
+  timeout 300 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
+    --variants "$v" --json "$OUT/sweep3.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/sweep3.log"
+  grep -E "failed" "$OUT/sweep3.log" | cut -c1-160
+  python -c "import json; [print(f'{t:.4f} {k}') for k, t in json.load(open('$OUT/sweep3.json'))['affine4'].items()]"
+  QUANTS="affine4" decode8 s20d1 75
+  QUANTS="affine4" decode8 s20d2 75
   ;;
 s20c)  # twentieth session: see the header
   v="full,set:rms_norm.MAX_ROW_WARPS=8,set:rms_norm.MAX_ROW_WARPS=4,set:rms_norm.MAX_ROW_WARPS=32"
