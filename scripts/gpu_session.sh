@@ -120,6 +120,9 @@
 #           affine4 decode without / with / without
 #   s20d    at the new defaults (q/k norm 4 heads a program, the merge without its peeled chunk,
 #           the head's 8-row tile): the same sweep around them, then 8B affine4 decode twice
+#   s20e    the issue-4 targets at the twentieth session's defaults (0.6B with the transformers
+#           peer; 8B bf16, q8_0, affine4), the 8B 16,384-token prefill
+#   s20f    the GPU tests at those defaults (s19b's and s19d's sets in one run)
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -822,6 +825,23 @@ s20b)  # twentieth session: see the header
   QUANTS="affine4" decode8 table1 75
   KIPP_CUDA_TUNED="$COMBO" QUANTS="affine4" decode8 combo 75
   QUANTS="affine4" decode8 table2 75
+  ;;
+s20e)  # twentieth session: see the header
+  targets
+  step "8B 16k prefill"
+  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  ;;
+s20f)  # twentieth session: see the header
+  step "GPU tests at the twentieth session's defaults"
+  timeout 560 python -m pytest -q -p no:cacheprovider -n 10 --timeout 500 -rf --tb=short \
+    tests/cuda/test_backend.py tests/cuda/test_async_scheduling.py tests/cuda/test_resident_decode.py \
+    tests/cuda/test_step_advance.py tests/cuda/test_runner_staging.py tests/cuda/test_fused_merge.py \
+    tests/conformance tests/cuda/test_attention_kernels_gpu.py tests/cuda/test_attention_kernels.py \
+    tests/cuda/test_op_kernels.py tests/cuda/test_sampler.py tests/cuda/test_head_argmax.py \
+    tests/cuda/test_quant.py -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s20f.log" \
+    | grep -E "FAILED|^E |passed|failed" | head -20
   ;;
 s20d)  # twentieth session: see the header
   v="full,set:qk_norm_rope.BLOCK_HEADS=2,set:qk_norm_rope.BLOCK_HEADS=8"
