@@ -123,6 +123,7 @@
 #   s20e    the issue-4 targets at the twentieth session's defaults (0.6B with the transformers
 #           peer; 8B bf16, q8_0, affine4), the 8B 16,384-token prefill
 #   s20f    the GPU tests at those defaults (s19b's and s19d's sets in one run)
+#   s20g    0.6B offline throughput (256 requests) with q/k norm's BLOCK_HEADS 4 / 8 / 4 / 8
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -842,6 +843,17 @@ s20f)  # twentieth session: see the header
     tests/cuda/test_op_kernels.py tests/cuda/test_sampler.py tests/cuda/test_head_argmax.py \
     tests/cuda/test_quant.py -k "not mlx" 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s20f.log" \
     | grep -E "FAILED|^E |passed|failed" | head -20
+  ;;
+s20g)  # twentieth session: see the header
+  for bh in 4 8 4 8; do
+    step "0.6B throughput, qk_norm_rope.BLOCK_HEADS=$bh"
+    timeout 100 python -c "import sys, kipp_cuda.kernels.qk_norm_rope as m
+m.BLOCK_HEADS = int(sys.argv[1])
+from kipp_core.cli.main import main
+sys.exit(main(sys.argv[2:]))" $bh bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
+      --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
+      --kv-cache-memory 48GiB --json "$OUT/tp_bh${bh}_$(date +%s).json" 2>&1 | grep -E "hroughput"
+  done
   ;;
 s20d)  # twentieth session: see the header
   v="full,set:qk_norm_rope.BLOCK_HEADS=2,set:qk_norm_rope.BLOCK_HEADS=8"
