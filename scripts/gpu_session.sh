@@ -124,6 +124,8 @@
 #           peer; 8B bf16, q8_0, affine4), the 8B 16,384-token prefill
 #   s20f    the GPU tests at those defaults (s19b's and s19d's sets in one run)
 #   s20g    0.6B offline throughput (256 requests) with q/k norm's BLOCK_HEADS 4 / 8 / 4 / 8
+#   s20h    0.6B offline throughput at the defaults, resident decode off, the peeled merge, 2 split
+#           programs an SM, the defaults again (module settings set before the CLI runs)
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -853,6 +855,19 @@ from kipp_core.cli.main import main
 sys.exit(main(sys.argv[2:]))" $bh bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
       --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
       --kv-cache-memory 48GiB --json "$OUT/tp_bh${bh}_$(date +%s).json" 2>&1 | grep -E "hroughput"
+  done
+  ;;
+s20h)  # twentieth session: see the header
+  da="import kipp_cuda.kernels.decode_attention as d"
+  for v in "pass" "import os; os.environ['KIPP_CUDA_RESIDENT_DECODE'] = '0'" "$da; d.MERGE_PEEL = True" \
+      "$da; d.PROGRAMS_PER_SM = 2" "pass"; do
+    step "0.6B throughput: $v"
+    timeout 100 python -c "import sys
+exec(sys.argv[1])
+from kipp_core.cli.main import main
+sys.exit(main(sys.argv[2:]))" "$v" bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
+      --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
+      --kv-cache-memory 48GiB 2>&1 | grep -E "hroughput"
   done
   ;;
 s20d)  # twentieth session: see the header
