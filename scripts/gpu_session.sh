@@ -126,6 +126,8 @@
 #   s20g    0.6B offline throughput (256 requests) with q/k norm's BLOCK_HEADS 4 / 8 / 4 / 8
 #   s20h    0.6B offline throughput at the defaults, resident decode off, the peeled merge, 2 split
 #           programs an SM, the defaults again (module settings set before the CLI runs)
+#   s20i    0.6B offline throughput with PROGRAMS_PER_SM_FULL 2 (the new default) / 4 (the old
+#           split counts), three times each, alternated
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -868,6 +870,17 @@ from kipp_core.cli.main import main
 sys.exit(main(sys.argv[2:]))" "$v" bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
       --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
       --kv-cache-memory 48GiB 2>&1 | grep -E "hroughput"
+  done
+  ;;
+s20i)  # twentieth session: see the header
+  for n in 2 4 2 4 2 4; do
+    step "0.6B throughput, PROGRAMS_PER_SM_FULL=$n"
+    timeout 100 python -c "import sys, kipp_cuda.kernels.decode_attention as d
+d.PROGRAMS_PER_SM_FULL = int(sys.argv[1])
+from kipp_core.cli.main import main
+sys.exit(main(sys.argv[2:]))" $n bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
+      --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
+      --kv-cache-memory 48GiB --json "$OUT/tp_full${n}_$(date +%s).json" 2>&1 | grep -E "hroughput"
   done
   ;;
 s20d)  # twentieth session: see the header
