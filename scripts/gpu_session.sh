@@ -128,6 +128,7 @@
 #           programs an SM, the defaults again (module settings set before the CLI runs)
 #   s20i    0.6B offline throughput with PROGRAMS_PER_SM_FULL 2 (the new default) / 4 (the old
 #           split counts), three times each, alternated
+#   s20j    the final code on another machine: 8B affine4 decode twice, 0.6B throughput twice
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -881,6 +882,16 @@ from kipp_core.cli.main import main
 sys.exit(main(sys.argv[2:]))" $n bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
       --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
       --kv-cache-memory 48GiB --json "$OUT/tp_full${n}_$(date +%s).json" 2>&1 | grep -E "hroughput"
+  done
+  ;;
+s20j)  # twentieth session: see the header
+  QUANTS="affine4" decode8 j1 75
+  QUANTS="affine4" decode8 j2 75
+  for n in 1 2; do
+    step "0.6B throughput"
+    timeout 100 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
+      --batch-sizes 1 --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 \
+      --max-len 1024 --kv-cache-memory 48GiB --json "$OUT/tp_j$n.json" 2>&1 | grep -E "hroughput"
   done
   ;;
 s20d)  # twentieth session: see the header
