@@ -129,6 +129,8 @@
 #   s20i    0.6B offline throughput with PROGRAMS_PER_SM_FULL 2 (the new default) / 4 (the old
 #           split counts), three times each, alternated
 #   s20j    the final code on another machine: 8B affine4 decode twice, 0.6B throughput twice
+#   s20k    0.6B 2,048-token prefill with q/k norm's BLOCK_HEADS 4 / 8 / 4 / 8; the q8_0 step with
+#           the fused merge's peeled first chunk off (the new default) and on, twice each
 #   s20c    the same kind of in-graph sweep at the head's new tile: RMSNorm's warps, q/k norm's
 #           heads and warps a program (set: variants), the head's tile around its new one,
 #           attention's split counts; then 8B affine4 decode at the table
@@ -893,6 +895,21 @@ s20j)  # twentieth session: see the header
       --batch-sizes 1 --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 \
       --max-len 1024 --kv-cache-memory 48GiB --json "$OUT/tp_j$n.json" 2>&1 | grep -E "hroughput"
   done
+  ;;
+s20k)  # twentieth session: see the header
+  for bh in 4 8 4 8; do
+    step "0.6B prefill 2048, qk_norm_rope.BLOCK_HEADS=$bh"
+    timeout 60 python -c "import sys, kipp_cuda.kernels.qk_norm_rope as m
+m.BLOCK_HEADS = int(sys.argv[1])
+from kipp_core.cli.main import main
+sys.exit(main(sys.argv[2:]))" $bh bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
+      --prompt-len 2048 --gen-len 16 --repeats 5 --kv-cache-memory 8GiB \
+      --json "$OUT/pf_bh${bh}_$(date +%s).json" 2>&1 | grep -E "\| kipp"
+  done
+  step "q8_0 step, context 2100: the fused merge's peeled chunk off / on"
+  timeout 150 python scripts/step_ablation.py --quants q8_0 --context 2100 --steps 300 \
+    --variants "full,da:MERGE_PEEL=1,env:KIPP_UNUSED=1,da:MERGE_PEEL=1+env:KIPP_UNUSED=2" \
+    2>&1 | grep -vE "Warn|warn" | tee "$OUT/peel_q8.log" | tail -3
   ;;
 s20d)  # twentieth session: see the header
   v="full,set:qk_norm_rope.BLOCK_HEADS=2,set:qk_norm_rope.BLOCK_HEADS=8"
