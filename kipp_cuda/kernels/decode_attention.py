@@ -43,8 +43,6 @@ MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile: in the 8B batch-1 st
 MAX_SPLITS = 128
 PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM: with 2, half
 # the 8B batch-1 splits took two tiles past 2,112 positions (+0.05 ms; BENCHMARKS.md eighteenth)
-PROGRAMS_PER_SM_FULL = 2  # the same once B * Hkv alone fills the SMs: 4 split every 33-65-
-# sequence batch of 8 kv heads in two (the 0.6B throughput run, twentieth session)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
 SKIP_EMPTY_SPLITS = True  # with FUSED_MERGE: splits past the sequence leave at once (the top)
 PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
@@ -266,9 +264,7 @@ def num_splits_for(
 ) -> int:
     """How many sequence splits a decode call uses: host ints only (CUDA-graph safe)."""
     tiles = triton.cdiv(max(max_context_len, 1), BLOCK_N)
-    sms, programs = num_sms(device), batch * num_kv_heads
-    per_sm = PROGRAMS_PER_SM if programs < sms else PROGRAMS_PER_SM_FULL
-    want = triton.cdiv(per_sm * sms, programs)
+    want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), batch * num_kv_heads)
     return max(1, min(want, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
 

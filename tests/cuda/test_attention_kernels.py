@@ -168,9 +168,6 @@ def test_decode_splits_are_host_ints_and_long_contexts_split():
     assert dec.num_splits_for(1, 2, 16384, cpu) > 1
     assert dec.num_splits_for(1, 8, dec.BLOCK_N, cpu) == 1  # one tile: nothing to split
     assert dec.num_splits_for(64, 8, 1, cpu) == 1
-    # PROGRAMS_PER_SM programs an SM (4 on the CPU's 4 stand-in SMs) while B * Hkv is fewer than
-    # the SMs, PROGRAMS_PER_SM_FULL (2) once they alone fill them
-    assert [dec.num_splits_for(b, 1, 16384, cpu) for b in (1, 3, 4, 5, 8, 9)] == [16, 6, 2, 2, 1, 1]
     # A split count larger than the context allows collapses to what covers it.
     p, q, scale, ref = _decode(torch.float32, 2, q8=False, ctx=[65, 3], d=32, page=32)
     with poisoned_empty():
