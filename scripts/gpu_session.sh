@@ -168,6 +168,33 @@ decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/$1_<qua
       --json "$OUT/$1_$q.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -2
   done
 }
+graph_sweep() {  # the affine4 step at context 2,100 under each variant of $3 (step_ablation.py,
+  # 500 replays a variant; records $OUT/$1.json and .log; timeout $2), pick_tiles.py's winners
+  timeout "$2" python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
+    --variants "$3" --json "$OUT/$1.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/$1.log"
+  grep -E "failed" "$OUT/$1.log" | cut -c1-160
+  python scripts/pick_tiles.py "$OUT/$1.json" --quant affine4 2>&1
+  python -c "import json; [print(f'{t:.4f} {k}') for k, t in json.load(open('$OUT/$1.json'))['affine4'].items()]"
+}
+prefill16k() {  # the 8B 16,384-token prefill (records $OUT/b8_16k.json)
+  step "8B 16k prefill"
+  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
+    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
+    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+}
+kset() {  # timeout $1: kipp's CLI after the python statement $2 (module settings for an A/B)
+  timeout "$1" python -c "import sys
+exec(sys.argv[1])
+from kipp_core.cli.main import main
+sys.exit(main(sys.argv[2:]))" "${@:2}"
+}
+tput06() {  # the 0.6B 256-request throughput alone, after the python statement $1 (records
+  # $OUT/$2.json when $2 is given)
+  step "0.6B throughput: $1"
+  kset 100 "$1" bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 16 \
+    --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 --kv-cache-memory 48GiB \
+    ${2:+--json "$OUT/$2.json"} 2>&1 | grep -E "hroughput"
+}
 targets06() {  # the 0.6B targets without a peer: batch-1 decode and prefill, the 256-request
   # throughput, the repeated prompt (records $OUT/$1.json and .md)
   step "0.6B targets"
@@ -591,10 +618,7 @@ s14d)  # fourteenth session, last call: see the header
   timeout 340 python -m pytest -v -p no:cacheprovider -n 8 --timeout 300 -rf --tb=short \
     tests/cuda tests/conformance -k "not mlx" 2>&1 | grep -vE "Warn|warn" \
     | tee "$OUT/tests_s14d.log" | grep -E "FAILED|^E |passed|failed" | head -30
-  step "8B 16k prefill"
-  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
-    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  prefill16k
   step "0.6B targets (transformers peer)"
   timeout 150 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
     --batch-sizes 1 --prompt-len 2048 --gen-len 256 --num-requests 256 --min-len 100 \
@@ -648,10 +672,7 @@ s16d)  # sixteenth session: see the header
     tests/cuda/test_runner_staging.py tests/conformance -k "not mlx" 2>&1 | grep -vE "Warn|warn" \
     | tee "$OUT/tests_s16d.log" | grep -E "FAILED|^E |passed|failed" | head -30
   [ "$SECONDS" -lt 400 ] || exit 0
-  step "8B 16k prefill"
-  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
-    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  prefill16k
   ;;
 s17c)  # seventeenth session: see the header
   step "GPU tests: graphs (large prefill buckets), backend, conformance"
@@ -778,10 +799,7 @@ s19d)  # nineteenth session: see the header
     tests/cuda/test_op_kernels.py tests/cuda/test_sampler.py tests/cuda/test_head_argmax.py \
     tests/cuda/test_quant.py 2>&1 | grep -vE "Warn|warn" | tee "$OUT/tests_s19d.log" \
     | grep -E "FAILED|^E |passed|failed" | head -20
-  step "8B 16k prefill"
-  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
-    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  prefill16k
   ;;
 s19e)  # nineteenth session: see the header
   for c in 2100 2150; do
@@ -819,11 +837,7 @@ s20a)  # twentieth session: see the header
   v="$v,da:MIN_TILES_PER_SPLIT=2;NUM_STAGES_SPLIT=2,da:NUM_WARPS_SPLIT=8,da:BLOCK_N=32"
   v="$v,env:KIPP_UNUSED=3"
   step "affine4 step, context 2100: GEMV tiles and attention settings inside the decode graph"
-  timeout 560 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
-    --variants "$v" --json "$OUT/tiles.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/tiles.log"
-  grep -E "failed" "$OUT/tiles.log" | cut -c1-160
-  python scripts/pick_tiles.py "$OUT/tiles.json" --quant affine4 2>&1
-  python -c "import json; [print(f'{k}: {t:.4f}') for k, t in json.load(open('$OUT/tiles.json'))['affine4'].items() if not k.startswith('env:KIPP_CUDA')]"
+  graph_sweep tiles 560 "$v"
   ;;
 s20b)  # twentieth session: see the header
   step "affine4 step, context 2100: the table against COMBO, twice each"
@@ -836,10 +850,7 @@ s20b)  # twentieth session: see the header
   ;;
 s20e)  # twentieth session: see the header
   targets
-  step "8B 16k prefill"
-  timeout 90 python -m kipp_core.cli.main bench --random-weights qwen3-8b --backend cuda \
-    --batch-sizes 1 --prompt-len 16384 --gen-len 4 --kv-cache-memory 24GiB \
-    --json "$OUT/b8_16k.json" 2>&1 | grep -E "ready|\| kipp" | cut -c1-200 | tail -3
+  prefill16k
   ;;
 s20f)  # twentieth session: see the header
   step "GPU tests at the twentieth session's defaults"
@@ -853,58 +864,34 @@ s20f)  # twentieth session: see the header
   ;;
 s20g)  # twentieth session: see the header
   for bh in 4 8 4 8; do
-    step "0.6B throughput, qk_norm_rope.BLOCK_HEADS=$bh"
-    timeout 100 python -c "import sys, kipp_cuda.kernels.qk_norm_rope as m
-m.BLOCK_HEADS = int(sys.argv[1])
-from kipp_core.cli.main import main
-sys.exit(main(sys.argv[2:]))" $bh bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
-      --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
-      --kv-cache-memory 48GiB --json "$OUT/tp_bh${bh}_$(date +%s).json" 2>&1 | grep -E "hroughput"
+    tput06 "import kipp_cuda.kernels.qk_norm_rope as m; m.BLOCK_HEADS = $bh" "tp_bh${bh}_$(date +%s)"
   done
   ;;
 s20h)  # twentieth session: see the header
   da="import kipp_cuda.kernels.decode_attention as d"
   for v in "pass" "import os; os.environ['KIPP_CUDA_RESIDENT_DECODE'] = '0'" "$da; d.MERGE_PEEL = True" \
       "$da; d.PROGRAMS_PER_SM = 2" "pass"; do
-    step "0.6B throughput: $v"
-    timeout 100 python -c "import sys
-exec(sys.argv[1])
-from kipp_core.cli.main import main
-sys.exit(main(sys.argv[2:]))" "$v" bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
-      --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
-      --kv-cache-memory 48GiB 2>&1 | grep -E "hroughput"
+    tput06 "$v"
   done
   ;;
-s20i)  # twentieth session: see the header
+s20i)  # twentieth session: see the header (aee2d42's code: PROGRAMS_PER_SM_FULL is reverted)
   for n in 2 4 2 4 2 4; do
-    step "0.6B throughput, PROGRAMS_PER_SM_FULL=$n"
-    timeout 100 python -c "import sys, kipp_cuda.kernels.decode_attention as d
-d.PROGRAMS_PER_SM_FULL = int(sys.argv[1])
-from kipp_core.cli.main import main
-sys.exit(main(sys.argv[2:]))" $n bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
-      --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 --max-len 1024 \
-      --kv-cache-memory 48GiB --json "$OUT/tp_full${n}_$(date +%s).json" 2>&1 | grep -E "hroughput"
+    tput06 "import kipp_cuda.kernels.decode_attention as d; d.PROGRAMS_PER_SM_FULL = $n" \
+      "tp_full${n}_$(date +%s)"
   done
   ;;
 s20j)  # twentieth session: see the header
   QUANTS="affine4" decode8 j1 75
   QUANTS="affine4" decode8 j2 75
-  for n in 1 2; do
-    step "0.6B throughput"
-    timeout 100 python -m kipp_core.cli.main bench --random-weights qwen3-0.6b --backend cuda \
-      --batch-sizes 1 --prompt-len 16 --gen-len 8 --num-requests 256 --min-len 100 \
-      --max-len 1024 --kv-cache-memory 48GiB --json "$OUT/tp_j$n.json" 2>&1 | grep -E "hroughput"
-  done
+  for n in 1 2; do tput06 pass "tp_j$n"; done
   ;;
 s20k)  # twentieth session: see the header
   for bh in 4 8 4 8; do
     step "0.6B prefill 2048, qk_norm_rope.BLOCK_HEADS=$bh"
-    timeout 60 python -c "import sys, kipp_cuda.kernels.qk_norm_rope as m
-m.BLOCK_HEADS = int(sys.argv[1])
-from kipp_core.cli.main import main
-sys.exit(main(sys.argv[2:]))" $bh bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 \
-      --prompt-len 2048 --gen-len 16 --repeats 5 --kv-cache-memory 8GiB \
-      --json "$OUT/pf_bh${bh}_$(date +%s).json" 2>&1 | grep -E "\| kipp"
+    kset 60 "import kipp_cuda.kernels.qk_norm_rope as m; m.BLOCK_HEADS = $bh" bench \
+      --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 16 \
+      --repeats 5 --kv-cache-memory 8GiB --json "$OUT/pf_bh${bh}_$(date +%s).json" 2>&1 \
+      | grep -E "\| kipp"
   done
   step "q8_0 step, context 2100: the fused merge's peeled chunk off / on"
   timeout 150 python scripts/step_ablation.py --quants q8_0 --context 2100 --steps 300 \
@@ -922,10 +909,7 @@ s20d)  # twentieth session: see the header
   done
   v="$v,env:KIPP_UNUSED=2"
   step "affine4 step, context 2100: around the new defaults, in the graph"
-  timeout 300 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
-    --variants "$v" --json "$OUT/sweep3.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/sweep3.log"
-  grep -E "failed" "$OUT/sweep3.log" | cut -c1-160
-  python -c "import json; [print(f'{t:.4f} {k}') for k, t in json.load(open('$OUT/sweep3.json'))['affine4'].items()]"
+  graph_sweep sweep3 300 "$v"
   QUANTS="affine4" decode8 s20d1 75
   QUANTS="affine4" decode8 s20d2 75
   ;;
@@ -943,11 +927,7 @@ s20c)  # twentieth session: see the header
   v="$v,env:KIPP_UNUSED=2,da:PROGRAMS_PER_SM=3,da:PROGRAMS_PER_SM=5,da:MERGE_PEEL=0"
   v="$v,da:MAX_SPLITS=64,da:MAX_SPLITS=40,env:KIPP_UNUSED=3"
   step "affine4 step, context 2100: norms, q/k norm, head tile, attention splits in the graph"
-  timeout 400 python scripts/step_ablation.py --quants affine4 --context 2100 --steps 500 \
-    --variants "$v" --json "$OUT/sweep2.json" 2>&1 | grep -vE "Warn|warn" > "$OUT/sweep2.log"
-  grep -E "failed" "$OUT/sweep2.log" | cut -c1-160
-  python scripts/pick_tiles.py "$OUT/sweep2.json" --quant affine4 2>&1
-  python -c "import json; [print(f'{t:.4f} {k}') for k, t in json.load(open('$OUT/sweep2.json'))['affine4'].items()]"
+  graph_sweep sweep2 400 "$v"
   QUANTS="affine4" decode8 s20c 75
   ;;
 s19f)  # nineteenth session: see the header
