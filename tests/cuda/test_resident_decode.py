@@ -79,9 +79,16 @@ def test_on_by_default(monkeypatch):
     assert ResidentDecode(2, 8, torch.device("cpu")).enabled
 
 
-@pytest.mark.parametrize("value", ["0", "false"])
-def test_off_by_the_switch(staged, llm_factory, monkeypatch, value):  # noqa: F811
+@pytest.mark.parametrize("value", ["0", "false", "no", " 0 "])
+def test_the_switch_spellings_that_turn_it_off(monkeypatch, value):
     monkeypatch.setenv("KIPP_CUDA_RESIDENT_DECODE", value)
+    assert not ResidentDecode(2, 8, torch.device("cpu")).enabled
+
+
+def test_off_by_the_switch(staged, llm_factory, monkeypatch):  # noqa: F811
+    """Off, every decode replay uploads its inputs and no ring is read (one spelling end to end:
+    the others are the test above)."""
+    monkeypatch.setenv("KIPP_CUDA_RESIDENT_DECODE", "0")
     prompts = _prompts(2)
     eager = llm_factory("cuda", dtype="float32", block_size=8, async_scheduling=False)
     want = [o.token_ids for o in eager.generate(prompts, LONG[:2])]
