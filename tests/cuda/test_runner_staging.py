@@ -20,14 +20,21 @@ GREEDY = P(temperature=0, max_tokens=3, ignore_eos=True)
 
 @pytest.fixture
 def staged(llm_factory, monkeypatch):
-    """staged(**kw) -> an LLM on the cuda backend whose runner has CPU stand-in graphs."""
+    """staged(**kw) -> an LLM on the cuda backend whose runner has CPU stand-in graphs. By
+    default 8 sequences at most (decode graphs of 1, 2, 4 and 8 rows) and prefill graphs up to
+    256 tokens: a stand-in capture runs its forward twice on the CPU, and the default 256
+    sequences' 20 decode sizes and the 2,048-token buckets cost seconds a test that no test here
+    reaches (large_buckets=True keeps those buckets)."""
     from kipp_cuda.runner import ModelRunner
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the real graphs run (test_backend.test_gpu_graph_paths_equal_eager)")
     monkeypatch.setattr(ModelRunner, "_capture", stand_in_capture)
 
-    def make(**kw):
+    def make(large_buckets=False, **kw):
+        if not large_buckets:
+            monkeypatch.setenv("KIPP_CUDA_PREFILL_GRAPH_MAX", "256")
+        kw.setdefault("max_num_seqs", 8)
         llm = llm_factory("cuda", dtype="float32", block_size=8, **kw)
         llm.engine.backend.runner.capture()
         return llm
@@ -219,7 +226,7 @@ def test_large_prefill_buckets_stage_apart_and_equal_eager(staged, llm_factory):
     """A prompt of 300 or 600 tokens runs as one replay of the 512- or 1,024-token graph (the
     tiny model is launch-bound), staged in the large buckets' own buffer, so that a decode
     step's upload does not grow; its logits and greedy tokens equal the eager runner's."""
-    llm = staged()
+    llm = staged(large_buckets=True)
     runner = llm.engine.backend.runner
     assert runner.prefill_tokens[-3:] == [512, 1024, 2048]
     assert runner.large_inputs is not None and runner.inputs.h_in_np.shape[1] == 256
