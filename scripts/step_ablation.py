@@ -32,7 +32,6 @@ import os
 
 import torch
 
-import kipp_cuda.kernels.decode_attention as decode_attention
 import kipp_cuda.layers as layers
 import kipp_cuda.model as model_mod
 import kipp_cuda.tp_reduce as tp_reduce
@@ -69,11 +68,9 @@ PATCHES["gemv"] = [p for v in PATCHES.values() for p in v]
 
 
 def _patches(name):
-    if name.startswith("da:"):  # module settings, ints
-        return [
-            (decode_attention, k, int(v)) for k, v in (kv.split("=") for kv in name[3:].split(";"))
-        ]
-    if name.startswith("set:"):
+    if name.startswith("da:"):  # decode_attention's module settings
+        name = "set:" + ";".join(f"decode_attention.{kv}" for kv in name[3:].split(";"))
+    if name.startswith("set:"):  # kernel module settings, ints
         out = []
         for kv in name[4:].split(";"):
             path, v = kv.split("=")

@@ -45,14 +45,12 @@ PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs p
 # the 8B batch-1 splits took two tiles past 2,112 positions (+0.05 ms; BENCHMARKS.md eighteenth)
 FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
 SKIP_EMPTY_SPLITS = True  # with FUSED_MERGE: splits past the sequence leave at once (the top)
-PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top);
-# -0.02 ms an 8B batch-1 step at 2k context (step_ablation.py). One-split (large-batch) launches
-# do not (only their context-length load moved before the wait; batch 256 not re-measured)
+PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top):
+# -0.02 ms an 8B batch-1 step at 2k context; one-split (large-batch) launches do not
 MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads;
 # 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096 (step_ablation.py)
-MERGE_PEEL = False  # True: the fused merge's first chunk is read with the lse max (split_merge.py);
-# in the 8B affine4 step at 2.1k context (33 live splits, two chunks) off was 0.011 ms faster
-# (twentieth session)
+MERGE_PEEL = False  # True: the fused merge reads its first chunk with the lse max (split_merge.py);
+# off was 0.011 ms faster in the 8B affine4 step at 2.1k context (twentieth session)
 NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
 NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
 # 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)

@@ -14,6 +14,8 @@ import triton.language as tl
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
+MAX_ROW_WARPS = 16  # a 4096-wide row: 16 warps of 8 values a thread
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -62,9 +64,6 @@ def norm_row(s, w, H, eps, dtype: tl.constexpr):
     var = tl.sum(s * s, axis=0) / H
     h = (s * tl.math.rsqrt(var + eps)).to(dtype).to(tl.float32)
     return (h * w).to(dtype)
-
-
-MAX_ROW_WARPS = 16  # a 4096-wide row: 16 warps of 8 values a thread
 
 
 def row_launch(H: int) -> tuple[int, int]:

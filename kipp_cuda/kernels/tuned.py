@@ -23,19 +23,22 @@ def _table() -> dict:
 def tuned_config(family: str, N: int, K: int) -> dict | None:
     """The measured config of a `family` ("dense", "q8_0", "affine4") GEMV of w [N, K], or None."""
     cfg = _table().get(family, {}).get(f"{N}x{K}")
-    cfg = dict(cfg) if cfg else None
-    for override in filter(None, os.environ.get("KIPP_CUDA_TUNED", "").split(";")):
+    override = _overrides(os.environ.get("KIPP_CUDA_TUNED", "")).get((family, f"{N}x{K}"))
+    if override:
+        return {**(cfg or {}), **override}
+    return dict(cfg) if cfg else None
+
+
+@functools.lru_cache(maxsize=4)
+def _overrides(env: str) -> dict[tuple[str, str], dict]:
+    """KIPP_CUDA_TUNED parsed once per value (tuned_config runs at every GEMV launch)."""
+    out: dict[tuple[str, str], dict] = {}
+    for override in filter(None, env.split(";")):
         fam, shape, *pairs = override.split("/")
-        if (fam, shape) == (family, f"{N}x{K}"):
-            cfg = {**(cfg or {}), **_values(pairs, override)}
-    return cfg
-
-
-def _values(pairs: list[str], override: str) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not value.lstrip("-").isdigit():
-            raise ValueError(f"KIPP_CUDA_TUNED: {pair!r} in {override!r} is not KEY=integer")
-        out[key] = int(value)
+        values = out.setdefault((fam, shape), {})
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not value.lstrip("-").isdigit():
+                raise ValueError(f"KIPP_CUDA_TUNED: {pair!r} in {override!r} is not KEY=integer")
+            values[key] = int(value)
     return out

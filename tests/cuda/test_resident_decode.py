@@ -1,9 +1,8 @@
 """Resident decode inputs (kipp_cuda/resident.py, on by default; KIPP_CUDA_RESIDENT_DECODE=0
-turns it off): a steady
-decode step replays its graph with no upload before it and takes its tokens from the host ring
-that the graph's step_advance wrote. Against the eager runner's synchronous loop (CPU, stand-in
-graphs) and, on a GPU, against the same graphs with it off (every step uploads and copies its
-tokens back)."""
+turns it off): a steady decode step replays its graph with no upload before it and takes its
+tokens from the host ring that the graph's step_advance wrote. Against the eager runner's
+synchronous loop (CPU, stand-in graphs) and, on a GPU, against the same graphs with it off (every
+step uploads and copies its tokens back)."""
 
 from __future__ import annotations
 
