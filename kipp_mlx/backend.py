@@ -1,9 +1,12 @@
 """The MLX backend: kipp_core's backend contract on the Qwen3 model in MLX.
 
-One `execute` is one forward over the whole step (every sequence's new tokens packed into a flat
-batch), then logits only for the rows that need them: one per sampling sequence (sampled on the
-device in one batch), k+1 for speculative verification (verified on the host by
-kipp_core.spec_decode.verify_drafts), the score rows, or every row when asked for logits.
+One step is one forward over the whole step (every sequence's new tokens packed into a flat
+batch, decode sequences first), then logits only for the rows that need them: one per sampling
+sequence (sampled on the device in one batch), k+1 for speculative verification (verified on the
+host by kipp_core.spec_decode.verify_drafts), the score rows, or every row when asked for logits.
+`execute_async` queues a plain step with mx.async_eval and returns, so the engine builds the next
+step's graph while the device runs this one (mlx-lm's generation loop overlaps the same way); the
+next step's PENDING ids are this step's samples, taken on the device.
 """
 
 from __future__ import annotations
@@ -14,13 +17,11 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from kipp_core.backend import BackendOptions, ModelInput, SeqInput, SeqOutput
+from kipp_core.backend import PENDING, BackendOptions, ModelInput, SeqInput, SeqOutput
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_mlx.attention import AttentionMetadata
-from kipp_mlx.kernels import ladder
-from kipp_mlx.kernels.paged_attention import paged_attention_ref
 from kipp_mlx.kv_budget import num_kv_blocks
 from kipp_mlx.kv_cache import PagedKVCache
 from kipp_mlx.loader import load_model
@@ -56,20 +57,22 @@ class MlxBackend:
         self.options = opts
         self.dtype = DTYPES[opts.dtype]
         cfg = self.config = checkpoint.config
+        ctx = min(opts.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = load_model(
-            checkpoint, self.dtype, opts.quant, compile_act=not opts.enforce_eager
+            checkpoint,
+            self.dtype,
+            opts.quant,
+            max_positions=ctx,
+            block_size=bs,
         )
         self.block_size = bs
         self.num_blocks = num_kv_blocks(opts, cfg, self.dtype.size)
         self.kv = PagedKVCache.for_config(cfg, self.num_blocks, bs, self.dtype, opts.kv_quant)
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.end_hidden: dict[int, mx.array] = {}
-        self.paged_attention = None  # the decode kernel, when the ladder accepts it
-        if not opts.kv_quant:
-            fn = ladder.paged_attention_fn(
-                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bs, self.dtype
-            )
-            self.paged_attention = None if fn is paged_attention_ref else fn
+        self.decode_attention = None if opts.kv_quant else self.model.kernels.decode_attention
+        # the last step's samples: [(tokens [R] on the device, {seq_id: row})]
+        self._last: list = []
         self._log_load(checkpoint)
 
     def _log_load(self, checkpoint: Checkpoint) -> None:
@@ -95,44 +98,87 @@ class MlxBackend:
     # -- the step -------------------------------------------------------------------------------
 
     def execute(self, batch: ModelInput) -> list[SeqOutput]:
-        seqs = batch.seqs
+        return self._step(batch.seqs).result()
+
+    def execute_async(self, batch: ModelInput) -> _Pending:
+        """Queue the step (mx.async_eval) and return; only plain sampling is left pending (a step
+        asking for logprobs, scores, drafts, raw logits or a prompt-end hit is computed here).
+        A PENDING token of the batch is this backend's previous sample for the same sequence."""
+        return self._step(batch.seqs)
+
+    def _step(self, seqs: list[SeqInput]) -> _Pending:
+        self._prev, self._last = self._last, []
         hits = [s for s in seqs if s.cached_hidden is not None]
-        if not hits:
-            return self._run(seqs)
-        # Prompt-end hits first: their tail blocks and slots are read before this step writes.
+        cached = self._hits(hits) if hits else []
+        rest = [s for s in seqs if s.cached_hidden is None]
+        # decode sequences first: they share one batched attention (kipp_mlx.attention)
+        order = sorted(range(len(rest)), key=lambda i: len(rest[i].token_ids) != 1)
+        run = self._run([rest[i] for i in order]) if rest else _Pending([], [], None)
+        return _Pending.merged(seqs, cached, run, order)
+
+    def _hits(self, hits: list[SeqInput]) -> list[SeqOutput]:
+        """Prompt-end hits, first: their tail blocks and slots are read before this step writes."""
         for s in hits:
             if s.copy_block is not None:
                 self.kv.reserve(max(s.copy_block))
                 self.kv.copy_block(*s.copy_block)
-        step = _CachedRows(self.model, mx.stack([self.end_hidden[s.cached_hidden] for s in hits]))
+        rows = mx.stack([self.end_hidden[s.cached_hidden] for s in hits]).astype(self.dtype)
+        step = _CachedRows(self.model, rows)
         step.seqs = hits
         cached = [SeqOutput() for _ in hits]
-        self._sample_plain(step, cached)
+        self._sample_plain(step, cached, sync=True)
         for i, s in enumerate(hits):
             if s.return_logits:
                 cached[i].logits = np.array(step.rows(i, 0, 1))
         mx.eval(self.kv.arrays())
-        rest = iter(self._run([s for s in seqs if s.cached_hidden is None]))
-        cached = iter(cached)
-        return [next(cached) if s.cached_hidden is not None else next(rest) for s in seqs]
+        return cached
 
-    def _run(self, seqs: list[SeqInput]) -> list[SeqOutput]:
-        if not seqs:
-            return []
+    def _input_ids(self, seqs: list[SeqInput]) -> mx.array:
+        """The step's token ids [T]; PENDING ones are the last step's samples, on the device."""
+        flat = np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int64)
+        dst = np.flatnonzero(flat == PENDING)
+        ids = mx.array(np.where(flat == PENDING, 0, flat).astype(np.int32))
+        if not len(dst):
+            return ids
+        rows, base = {}, 0
+        for toks, part in self._prev:  # hits' and the run's samples, one array
+            rows.update((sid, base + r) for sid, r in part.items())
+            base += toks.shape[0]
+        parts = [t for t, _ in self._prev]
+        toks = parts[0] if len(parts) == 1 else mx.concatenate(parts) if parts else None
+        seq_of = np.searchsorted(np.cumsum([len(s.token_ids) for s in seqs]), dst, side="right")
+        missing = [seqs[i].seq_id for i in seq_of if seqs[i].seq_id not in rows]
+        if missing:
+            raise ValueError(
+                f"PENDING tokens for seqs {missing}, which the last step did not sample"
+            )
+        src = mx.array(np.array([rows[seqs[i].seq_id] for i in seq_of], dtype=np.int32))
+        ids[mx.array(dst.astype(np.int32))] = toks[src].astype(mx.int32)
+        return ids
+
+    def _run(self, seqs: list[SeqInput]) -> _Pending:
         bs = self.block_size
         self.kv.reserve(
             max(max(s.block_table[: -(-(s.start_pos + len(s.token_ids)) // bs)]) for s in seqs)
         )
-        meta = AttentionMetadata.build(seqs, bs, self.paged_attention)
-        ids = mx.array(np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int32))
-        hidden = self.model(ids, meta, self.kv)  # [T, hidden]
+        meta = AttentionMetadata.build(seqs, bs, self.decode_attention)
+        hidden = self.model(self._input_ids(seqs), meta, self.kv)  # [T, hidden]
         for s, sp in zip(seqs, meta.spans):
             if s.save_hidden is not None:  # a copy, so the step's hidden states are not kept
-                row = hidden[sp.q_start + sp.q_len - 1].astype(mx.float32)
-                self.end_hidden[s.save_hidden] = mx.array(np.array(row)).astype(hidden.dtype)
+                row = hidden[sp.q_start + sp.q_len - 1]
+                self.end_hidden[s.save_hidden] = row.astype(mx.float32)
         step = _Step(self.model, hidden, meta, seqs)
         outs = [SeqOutput() for _ in seqs]
-        self._sample_plain(step, outs)
+        plain, toks = self._sample_plain(step, outs, sync=False)
+        extras = any(
+            s.draft_token_ids or s.score_targets or s.return_logits or s.num_logprobs is not None
+            for s in seqs
+        )
+        if not extras:
+            mx.async_eval(*([toks] if toks is not None else []), *self.kv.arrays())
+            return _Pending(outs, plain, toks)
+        pending = _Pending(outs, plain, toks)
+        outs = pending.result()
         for i, s in enumerate(seqs):
             if s.sampler is not None and s.draft_token_ids:
                 self._verify(step, i, outs[i])
@@ -140,31 +186,38 @@ class MlxBackend:
                 self._score(step, i, outs[i])
             if s.return_logits:
                 outs[i].logits = np.array(step.rows(i, 0, len(s.token_ids)))
+        self._logprobs(step, plain, outs)
         mx.eval(self.kv.arrays())  # the step's KV writes land even when no row was read
-        return outs
+        return _Pending(outs, [], None)
 
-    def _sample_plain(self, step: _Step, outs: list[SeqOutput]) -> None:
+    def _sample_plain(self, step, outs: list[SeqOutput], sync: bool):
+        """Sample every plain row (a sampler, no drafts) in one batch: (their indices, the tokens
+        on the device). The last step's samples are remembered for PENDING ids."""
         idx = [
             i for i, s in enumerate(step.seqs) if s.sampler is not None and not s.draft_token_ids
         ]
         if not idx:
-            return
-        logits = step.last_rows(idx)  # [R, vocab]
+            return idx, None
+        step.plain_logits = logits = step.last_rows(idx)  # [R, vocab]
         toks = sample(logits, [step.seqs[i].sampler for i in idx])
-        mx.eval(toks, *self.kv.arrays())
-        toks = toks.tolist()
+        self._last.append((toks, {step.seqs[i].seq_id: r for r, i in enumerate(idx)}))
+        if sync:
+            _Pending(outs, idx, toks).result()
+            self._logprobs(step, idx, outs)
+        return idx, toks
+
+    def _logprobs(self, step, idx: list[int], outs: list[SeqOutput]) -> None:
         want = [r for r, i in enumerate(idx) if step.seqs[i].num_logprobs is not None]
-        lps = []
-        if want:
-            sel = mx.array(want, dtype=mx.int32)
-            lps = token_logprobs(
-                logits[sel], [toks[r] for r in want], [step.seqs[idx[r]].num_logprobs for r in want]
-            )
-        lp_of = dict(zip(want, lps))
-        for r, i in enumerate(idx):
-            outs[i].token_ids = [toks[r]]
-            if r in lp_of:
-                outs[i].logprobs = [lp_of[r]]
+        if not want:
+            return
+        sel = mx.array(want, dtype=mx.int32)
+        lps = token_logprobs(
+            step.plain_logits[sel],
+            [outs[idx[r]].token_ids[0] for r in want],
+            [step.seqs[idx[r]].num_logprobs for r in want],
+        )
+        for r, lp in zip(want, lps):
+            outs[idx[r]].logprobs = [lp]
 
     def _verify(self, step: _Step, i: int, out: SeqOutput) -> None:
         s = step.seqs[i]
@@ -183,6 +236,42 @@ class MlxBackend:
             t = targets[a : a + SCORE_CHUNK]
             rows = step.rows(i, s.score_start + a, s.score_start + a + len(t))
             out.scores += token_logprobs(rows, t, [s.num_score_logprobs] * len(t))
+
+
+class _Pending:
+    """A step's outputs; the plain rows' sampled tokens are read from the device in `result()`."""
+
+    def __init__(self, outs: list[SeqOutput], rows: list[int], tokens: mx.array | None):
+        self.outs, self.rows, self.tokens = outs, rows, tokens
+
+    def result(self) -> list[SeqOutput]:
+        if self.tokens is not None:
+            for i, t in zip(self.rows, self.tokens.tolist()):
+                self.outs[i].token_ids = [t]
+            self.tokens = None
+        return self.outs
+
+    @classmethod
+    def merged(cls, seqs, cached: list[SeqOutput], run: _Pending, order: list[int]) -> _Pending:
+        """The step's outputs in the batch's order: prompt-end hits, and the run's rows (run in
+        `order`)."""
+        if not cached and order == sorted(order):
+            return run
+        return _Merged(seqs, cached, run, order)
+
+
+class _Merged(_Pending):
+    def __init__(self, seqs, cached, run: _Pending, order: list[int]):
+        super().__init__([], [], None)
+        self.seqs, self.cached, self.run, self.order = seqs, cached, run, order
+
+    def result(self) -> list[SeqOutput]:
+        ran = self.run.result()
+        by_rest = [None] * len(ran)
+        for pos, i in enumerate(self.order):
+            by_rest[i] = ran[pos]
+        cached, rest = iter(self.cached), iter(by_rest)
+        return [next(cached) if s.cached_hidden is not None else next(rest) for s in self.seqs]
 
 
 class _Step:
@@ -211,8 +300,10 @@ class _Step:
                 ]
             )
         sp = self.meta.spans
-        last = mx.array([sp[i].q_start + sp[i].q_len - 1 for i in idx], dtype=mx.int32)
-        return self.model.logits(self.hidden[last])
+        last = [sp[i].q_start + sp[i].q_len - 1 for i in idx]
+        if last == list(range(self.hidden.shape[0])):  # a pure decode step: every row
+            return self.model.logits(self.hidden)
+        return self.model.logits(self.hidden[mx.array(last, dtype=mx.int32)])
 
 
 class _CachedRows:

@@ -3,6 +3,9 @@
 Slot `block_id * block_size + offset` holds one token. Pools start small and grow (doubling, up to
 `num_blocks`) when a block table names a block beyond them, so memory is committed as the engine
 uses it. Writes are scatters into a pool that nothing else references, which MLX does in place.
+A dense layer's K and V share one pool, [slots, 2, num_kv_heads, head_dim], so a step writes a
+layer's new tokens with one scatter and the decode kernel reads a token's K and V rows from one
+array.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ class PagedKVCache:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.kv_quant = dtype, kv_quant
         self.capacity = 0  # blocks allocated
-        # dense: k[layer], v[layer]: [slots, num_kv_heads, head_dim] in dtype
+        # dense: kv[layer]: [slots, 2, num_kv_heads, head_dim] in dtype (K, then V)
         # q8_0: k[layer] = (qs int8 [slots, Hkv, D], d fp16 [slots, Hkv, D / 32]), same for v
+        self.kv: list = [None] * num_layers
         self.k: list = [None] * num_layers
         self.v: list = [None] * num_layers
         self.reserve(min(_MIN_BLOCKS, num_blocks) - 1)
@@ -58,12 +62,15 @@ class PagedKVCache:
         per_head = d + d // QK8_0 * 2 if kv_quant else d * itemsize
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * per_head
 
+    def _groups(self) -> tuple[list, ...]:
+        return (self.k, self.v) if self.kv_quant else (self.kv,)
+
     def _empty(self, num_slots: int):
         shape = (num_slots, self.num_kv_heads, self.head_dim)
         if self.kv_quant:
             d_shape = (num_slots, self.num_kv_heads, self.head_dim // QK8_0)
             return mx.zeros(shape, mx.int8), mx.zeros(d_shape, mx.float16)
-        return mx.zeros(shape, self.dtype)
+        return mx.zeros((num_slots, 2, self.num_kv_heads, self.head_dim), self.dtype)
 
     def reserve(self, max_block_id: int) -> None:
         """Make sure block `max_block_id` exists."""
@@ -73,7 +80,7 @@ class PagedKVCache:
             return
         new = min(self.num_blocks, max(max_block_id + 1, 2 * self.capacity, _MIN_BLOCKS))
         extra = (new - self.capacity) * self.block_size
-        for pools in (self.k, self.v):
+        for pools in self._groups():
             for i, p in enumerate(pools):
                 e = self._empty(extra)
                 if p is None:
@@ -87,23 +94,24 @@ class PagedKVCache:
 
     def arrays(self) -> list[mx.array]:
         out = []
-        for p in self.k + self.v:
-            out.extend(p if isinstance(p, tuple) else [p])
+        for pools in self._groups():
+            for p in pools:
+                out.extend(p if isinstance(p, tuple) else [p])
         return out
 
-    def write(self, layer: int, k: mx.array, v: mx.array, slot_mapping: mx.array) -> None:
-        """k, v: [T, num_kv_heads, head_dim] for the slots in slot_mapping [T]."""
-        for pools, x in ((self.k, k), (self.v, v)):
-            if self.kv_quant:
-                qs, d = quantize_q8_0(x)
-                pq, pd = pools[layer]
-                pq[slot_mapping] = qs
-                pd[slot_mapping] = d
-                pools[layer] = (pq, pd)
-            else:
-                p = pools[layer]
-                p[slot_mapping] = x.astype(self.dtype)
-                pools[layer] = p
+    def write(self, layer: int, kv: mx.array, slot_mapping: mx.array) -> None:
+        """kv: [T, 2, num_kv_heads, head_dim] (K, V) for the slots in slot_mapping [T]."""
+        if not self.kv_quant:
+            p = self.kv[layer]
+            p[slot_mapping] = kv.astype(self.dtype)
+            self.kv[layer] = p
+            return
+        for pools, x in ((self.k, kv[:, 0]), (self.v, kv[:, 1])):
+            qs, d = quantize_q8_0(x)
+            pq, pd = pools[layer]
+            pq[slot_mapping] = qs
+            pd[slot_mapping] = d
+            pools[layer] = (pq, pd)
 
     def read(self, layer: int, slots: mx.array) -> tuple[mx.array, mx.array]:
         """K, V of `slots` (any shape S) as [*S, num_kv_heads, head_dim] in the compute dtype."""
@@ -113,19 +121,21 @@ class PagedKVCache:
                 dequantize_q8_0(kq[slots], kd[slots], self.dtype),
                 dequantize_q8_0(vq[slots], vd[slots], self.dtype),
             )
-        return self.k[layer][slots], self.v[layer][slots]
+        kv = self.kv[layer][slots]
+        return kv[..., 0, :, :], kv[..., 1, :, :]
 
     def copy_block(self, src: int, dst: int) -> None:
         """Block src's K/V into block dst, in every layer (a prompt-end hit's tail)."""
         a, b = src * self.block_size, dst * self.block_size
         n = self.block_size
-        for pools in (self.k, self.v):
+        for pools in self._groups():
             for i, p in enumerate(pools):
                 parts = p if self.kv_quant else (p,)
                 for x in parts:
                     x[b : b + n] = x[a : a + n]
                 pools[i] = tuple(parts) if self.kv_quant else parts[0]
 
-    def pools(self, layer: int) -> tuple[mx.array, mx.array]:
+    def pool(self, layer: int) -> mx.array:
+        """The dense layer's pool [slots, 2, num_kv_heads, head_dim]."""
         assert not self.kv_quant
-        return self.k[layer], self.v[layer]
+        return self.kv[layer]

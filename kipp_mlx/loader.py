@@ -1,8 +1,11 @@
-"""Build the MLX model from a checkpoint: HF names map one to one onto the model's parameters.
+"""Build the MLX model from a checkpoint: HF names map onto the model's parameters, except the
+fused projections, whose rows are the checkpoint's matrices stacked (`FUSED`).
 
 Quantization is a module swap after the float model is built: affine 4/8-bit (group 32) through
-mx.quantize at load, or loaded as stored from a quantized checkpoint (no requantizing); q8_0
-through its kernel where the ladder accepts one, else converted exactly to affine 8-bit.
+mx.quantize at load, or loaded as stored from a quantized checkpoint (no requantizing; a fused
+projection stacks its parts' stored rows, which is exact since groups run along a row); q8_0
+converted exactly to affine 8-bit, so one GEMV kernel serves both formats. Then the
+ladder's kernels are attached: the decode GEMVs to the linears and the rest to the model.
 """
 
 from __future__ import annotations
@@ -19,9 +22,30 @@ from kipp_core.safetensors_file import RawTensor
 from kipp_mlx.kernels import ladder
 from kipp_mlx.layout import set_module, use_cpu_layout
 from kipp_mlx.model import Model
-from kipp_mlx.quant import AffineEmbedding, AffineLinear, Q8Embedding, Q8Linear, quantize_q8_0
+from kipp_mlx.quant import AffineEmbedding, AffineLinear, q8_0_to_affine8, quantize_q8_0
 
 log = logging.getLogger("kipp")
+
+# A fused module's checkpoint parts, stacked along the output rows in this order.
+FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def checkpoint_names(path: str) -> list[str]:
+    """The checkpoint module paths that hold `path`'s rows (itself unless it is fused)."""
+    for fused, parts in FUSED.items():
+        if path.endswith("." + fused):
+            prefix = path[: -len(fused)]
+            return [prefix + p for p in parts]
+    return [path]
+
+
+def read_tensor(ckpt: Checkpoint, path: str, suffix: str, dtype=None) -> mx.array:
+    """`path + suffix` (".weight", ".scales", ...) from the checkpoint, its parts stacked."""
+    parts = [to_mx(ckpt.raw(name + suffix), dtype) for name in checkpoint_names(path)]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
 def to_mx(raw: RawTensor, dtype=None) -> mx.array:
@@ -69,13 +93,15 @@ def load_model(
     dtype,
     quant: str | None = None,
     *,
-    compile_act: bool = True,
     cpu_layout: bool | None = None,
+    max_positions: int = 0,
+    block_size: int = 32,
 ) -> Model:
     """The model with every parameter materialized. `cpu_layout` None: on when MLX runs on the CPU
-    and the weights are dense."""
+    and the weights are dense. `max_positions`: the RoPE table's length (default: the model's
+    context)."""
     cfg = ckpt.config
-    model = Model(cfg, compile_act)
+    model = Model(cfg, max_positions)
     scheme = resolve_scheme(ckpt, quant)
     targets = quantized_modules(model) if scheme else []
     skip = {p + ".weight" for p in targets}
@@ -84,7 +110,8 @@ def load_model(
     for name, p in params.items():
         if name in skip:
             continue
-        a = to_mx(ckpt.raw(name), dtype)
+        path, _, suffix = name.rpartition(".")
+        a = read_tensor(ckpt, path, "." + suffix, dtype)
         if a.shape != p.shape:
             raise ValueError(
                 f"checkpoint {ckpt.path}: tensor {name!r} has shape {list(a.shape)}, "
@@ -99,48 +126,43 @@ def load_model(
         cpu_layout = mx.default_device() == mx.cpu and not scheme
     if cpu_layout:
         use_cpu_layout(model, cfg.tie_word_embeddings)
+    ladder.attach(model, cfg, dtype, block_size)
     return model
 
 
 def quantized_modules(model: Model) -> list[str]:
-    """Paths of the embedding, the head and the seven linears of each layer."""
-    return [p for p, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
+    """Paths of the embedding, the head and the four linears of each layer."""
+    return [p for p, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
 
 
 def _quantize(model, ckpt, targets, dtype, scheme, bits, group_size, on_disk) -> None:
-    matmul, is_kernel = (None, False)
     if scheme == "q8_0":
-        matmul, is_kernel = ladder.q8_0_matmul_fn(dtype)
-        if not is_kernel:
-            log.info("q8_0 weights run as MLX affine 8-bit (group 32): converted exactly at load")
+        log.info("q8_0 weights run as MLX affine 8-bit (group 32): converted exactly at load")
+        bits = 8
     for path in targets:
-        name = path + ".weight"
         is_embed = path.endswith("embed_tokens")
         if on_disk:
-            parts = [to_mx(ckpt.raw(name))]
-            parts.append(to_mx(ckpt.raw(path + ".scales")))
+            parts = [read_tensor(ckpt, path, ".weight"), read_tensor(ckpt, path, ".scales")]
             if scheme != "q8_0":
-                parts.append(to_mx(ckpt.raw(path + ".biases")))
+                parts.append(read_tensor(ckpt, path, ".biases"))
         else:
             # q8_0 quantizes the stored values in float32, as kipp_core.quant does.
-            w = to_mx(ckpt.raw(name), mx.float32 if scheme == "q8_0" else dtype)
+            w = read_tensor(ckpt, path, ".weight", mx.float32 if scheme == "q8_0" else dtype)
             if w.shape[-1] % group_size:
                 raise ValueError(
                     f"quant {scheme!r} needs rows divisible by {group_size}; "
-                    f"{name} has {w.shape[-1]}"
+                    f"{path}.weight has {w.shape[-1]}"
                 )
             parts = list(
                 quantize_q8_0(w)
                 if scheme == "q8_0"
                 else mx.quantize(w, group_size=group_size, bits=bits)
             )
-        if scheme != "q8_0" and mx.default_device() == mx.cpu:
-            parts[1:] = [a.astype(mx.float32) for a in parts[1:]]  # see AffineLinear
         if scheme == "q8_0":
-            m = Q8Embedding(*parts, matmul, dtype) if is_embed else Q8Linear(*parts, matmul)
-            if not is_kernel:
-                m = m.to_affine8()
-        elif is_embed:
+            parts = list(q8_0_to_affine8(*parts))
+        elif mx.default_device() == mx.cpu:
+            parts[1:] = [a.astype(mx.float32) for a in parts[1:]]  # see AffineLinear
+        if is_embed:
             m = AffineEmbedding(*parts, bits, group_size, dtype)
         else:
             m = AffineLinear(*parts, bits, group_size)

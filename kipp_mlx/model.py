@@ -1,29 +1,69 @@
 """The Qwen3 dense model in MLX (QWEN3.md section 3), in the shape of mlx-lm's models/qwen3.py.
 
-Parameter names are Hugging Face's, so loading a checkpoint is an identity mapping. The model owns
-no state between steps: the paged KV cache and the step's attention metadata are arguments. A step
-is one flat batch: the new tokens of every scheduled sequence packed into `[T]`.
+q, k and v are one projection (`qkv_proj`) and gate and up another (`gate_up_proj`), split at
+load from the checkpoint's separate matrices (kipp_mlx.loader). The model owns no state between
+steps: the paged KV cache and the step's attention metadata are arguments. A step is one flat
+batch: the new tokens of every scheduled sequence packed into `[T]`. The custom kernels (or their
+references) come in a `Kernels`, chosen once at load by kipp_mlx.kernels.ladder.
+
+A layer takes the residual stream and the previous layer's MLP output and adds them in its first
+norm (add_rms_norm), so a layer is ten launches in decode: add + norm, qkv, q/k norm + RoPE + the
+K/V layout, the KV scatter, attention (and its split merge), o_proj, add + norm, gate_up, SwiGLU,
+down.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from kipp_core.config import ModelConfig
 from kipp_mlx.attention import AttentionMetadata, attend
+from kipp_mlx.kernels.add_rms_norm import add_rms_norm_ref
+from kipp_mlx.kernels.qk_norm_rope import qk_norm_rope_ref, rope_table
+from kipp_mlx.kernels.swiglu import swiglu_ref
 from kipp_mlx.kv_cache import PagedKVCache
 
 
-@partial(mx.compile, shapeless=True)
-def swiglu(gate: mx.array, up: mx.array) -> mx.array:
-    return nn.silu(gate) * up
+@dataclass
+class Kernels:
+    """The functions a step calls: a custom kernel where the ladder accepted it, else its
+    reference. `decode_attention` None: the batched gather reference."""
+
+    qk_norm_rope: object = qk_norm_rope_ref
+    add_rms_norm: object = add_rms_norm_ref
+    decode_attention: object | None = None
+    swiglu: object = swiglu_ref
 
 
-def swiglu_eager(gate: mx.array, up: mx.array) -> mx.array:
-    return nn.silu(gate) * up
+class Linear(nn.Linear):
+    """nn.Linear without a bias whose few-row products (decode) may go to a GEMV kernel."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+        self.gemv = None  # fn(x, weight), set by the loader when the ladder accepted one
+        self.gemv_rows = 0  # x rows up to which it is used
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.gemv is not None and x.shape[0] <= self.gemv_rows:
+            return self.gemv(x, self.weight)
+        return x @ self.weight.T
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding whose tied head (`as_linear`) may go to the GEMV kernel in decode."""
+
+    def __init__(self, num_embeddings: int, dims: int):
+        super().__init__(num_embeddings, dims)
+        self.gemv = None
+        self.gemv_rows = 0
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if self.gemv is not None and x.shape[0] <= self.gemv_rows:
+            return self.gemv(x, self.weight)
+        return x @ self.weight.T
 
 
 class Attention(nn.Module):
@@ -34,93 +74,107 @@ class Attention(nn.Module):
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.rope_theta = cfg.rope_theta
+        self.eps = cfg.rms_norm_eps
         h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, cfg.q_size, bias=False)
-        self.k_proj = nn.Linear(h, cfg.kv_size, bias=False)
-        self.v_proj = nn.Linear(h, cfg.kv_size, bias=False)
-        self.o_proj = nn.Linear(cfg.q_size, h, bias=False)
+        self.qkv_proj = Linear(h, cfg.q_size + 2 * cfg.kv_size)
+        self.o_proj = Linear(cfg.q_size, h)
         # One head_dim weight shared by all heads, applied per head before RoPE.
         self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
 
-    def rope(self, x: mx.array, positions: mx.array) -> mx.array:
-        # x: [T, H, D] -> [T, H, 1, D] so each token is its own batch entry with its own offset.
-        T, H, D = x.shape
-        y = mx.fast.rope(
-            x[:, :, None, :],
-            D,
-            traditional=False,
-            base=self.rope_theta,
-            scale=1.0,
-            offset=positions,
-        )
-        return y.reshape(T, H, D)
-
-    def __call__(self, x: mx.array, meta: AttentionMetadata, kv: PagedKVCache) -> mx.array:
+    def __call__(self, x, meta: AttentionMetadata, kv: PagedKVCache, step: StepInputs):
         T = x.shape[0]
-        q = self.q_norm(self.q_proj(x).reshape(T, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).reshape(T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
-        q = self.rope(q, meta.positions)
-        k = self.rope(k, meta.positions)
-        kv.write(self.layer_idx, k, v, meta.slot_mapping)  # the cache holds post-norm, post-RoPE K
+        q, kv_new = step.kernels.qk_norm_rope(
+            self.qkv_proj(x),
+            self.q_norm.weight,
+            self.k_norm.weight,
+            meta.positions,
+            step.cos_sin,
+            self.eps,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        kv.write(self.layer_idx, kv_new, meta.slot_mapping)  # post-norm, post-RoPE K
         o = attend(q, kv, self.layer_idx, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, -1))
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, act=swiglu):
+    def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self._act = act
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(self._act(self.gate_proj(x), self.up_proj(x)))
+    def __call__(self, x: mx.array, step: StepInputs) -> mx.array:
+        return self.down_proj(step.kernels.swiglu(self.gate_up_proj(x)))
+
+
+@dataclass
+class StepInputs:
+    kernels: Kernels
+    cos_sin: mx.array  # [positions, head_dim] float32 (rope_table)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, act=swiglu):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.self_attn = Attention(cfg, layer_idx)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, act)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.eps = cfg.rms_norm_eps
 
-    def __call__(self, x: mx.array, meta: AttentionMetadata, kv: PagedKVCache) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), meta, kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def __call__(self, h, delta, meta, kv, step: StepInputs):
+        """h: the residual stream; delta: the previous layer's MLP output (None for the first).
+        Returns this layer's (h, MLP output)."""
+        k = step.kernels
+        if delta is None:
+            x = mx.fast.rms_norm(h, self.input_layernorm.weight, self.eps)
+        else:
+            h, x = k.add_rms_norm(h, delta, self.input_layernorm.weight, self.eps)
+        a = self.self_attn(x, meta, kv, step)
+        h, x = k.add_rms_norm(h, a, self.post_attention_layernorm.weight, self.eps)
+        return h, self.mlp(x, step)
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, act=swiglu):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = [DecoderLayer(cfg, i, act) for i in range(cfg.num_hidden_layers)]
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.eps = cfg.rms_norm_eps
 
-    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, kv: PagedKVCache):
-        h = self.embed_tokens(input_ids)
+    def __call__(self, input_ids: mx.array, meta, kv, step: StepInputs):
+        h, delta = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h = layer(h, meta, kv)
-        return self.norm(h)
+            h, delta = layer(h, delta, meta, kv, step)
+        return step.kernels.add_rms_norm(h, delta, self.norm.weight, self.eps)[1]
 
 
 class Model(nn.Module):
     """Qwen3ForCausalLM. `__call__` gives final-normed hidden states [T, hidden]; `logits` turns
     the rows that need them into logits, so a prefill never pays for a full-vocab head per token."""
 
-    def __init__(self, cfg: ModelConfig, compile_act: bool = True):
+    def __init__(self, cfg: ModelConfig, max_positions: int = 0):
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg, swiglu if compile_act else swiglu_eager)
+        self.model = Qwen3Model(cfg)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        n = max_positions or cfg.max_position_embeddings
+        self._step = StepInputs(Kernels(), rope_table(n, cfg.head_dim, cfg.rope_theta))
+
+    @property
+    def kernels(self) -> Kernels:
+        return self._step.kernels
+
+    def set_kernels(self, kernels: Kernels) -> None:
+        self._step.kernels = kernels
 
     def __call__(self, input_ids: mx.array, meta: AttentionMetadata, kv: PagedKVCache):
-        return self.model(input_ids, meta, kv)
+        return self.model(input_ids, meta, kv, self._step)
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.config.tie_word_embeddings:
@@ -128,9 +182,3 @@ class Model(nn.Module):
         else:
             out = self.lm_head(hidden)
         return out.astype(mx.float32)
-
-    def sanitize(self, weights: dict) -> dict:
-        """Tied checkpoints may store a duplicate lm_head; the embedding is used instead."""
-        if self.config.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        return weights

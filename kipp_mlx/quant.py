@@ -1,6 +1,7 @@
 """Quantized formats in MLX: q8_0 (ggml) for weights and the KV cache, its exact conversion to MLX
-affine 8-bit, and the quantized linear and embedding modules. The numpy references these follow are
-in kipp_core.quant; parameter names are the on-disk ones (`weight`, `scales`, `biases`)."""
+affine 8-bit (how q8_0 weights run), and the affine linear and embedding modules. The numpy
+references these follow are in kipp_core.quant; parameter names are the on-disk ones (`weight`,
+`scales`, `biases`)."""
 
 from __future__ import annotations
 
@@ -40,22 +41,27 @@ def q8_0_to_affine8(qs: mx.array, d: mx.array) -> tuple[mx.array, mx.array, mx.a
 
 class AffineLinear(nn.Module):
     """MLX affine quantization (mx.quantized_matmul): `weight` uint32 [out, in * bits / 32],
-    `scales`, `biases` [out, in / group_size]. The output keeps the input's dtype.
+    `scales`, `biases` [out, in / group_size]. The output keeps the input's dtype. A few rows of x
+    (decode) may go to the affine GEMV kernel (`gemv`, attached by the ladder).
 
     With float32 scales the product runs in float32: MLX's CPU kernel accumulates in the input's
     dtype, which in bfloat16 costs ~5% error over a 1024-long row (and is 10x slower), so the
-    loader gives CPU models float32 scales."""
+    loader gives CPU models float32 scales; q8_0's exact conversion has float32 scales too."""
 
     def __init__(self, weight, scales, biases, bits: int, group_size: int):
         super().__init__()
         self.weight, self.scales, self.biases = weight, scales, biases
         self.bits, self.group_size = bits, group_size
+        self.gemv = None  # fn(x, weight, scales, biases, bits)
+        self.gemv_rows = 0
 
     @classmethod
     def quantize(cls, w: mx.array, bits: int, group_size: int):
         return cls(*mx.quantize(w, group_size=group_size, bits=bits), bits, group_size)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.gemv is not None and x.shape[0] <= self.gemv_rows:
+            return self.gemv(x, self.weight, self.scales, self.biases, self.bits)
         xs = x.astype(mx.float32) if self.scales.dtype == mx.float32 else x
         y = mx.quantized_matmul(
             xs,
@@ -84,34 +90,3 @@ class AffineEmbedding(AffineLinear):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return AffineLinear.__call__(self, x)
-
-
-class Q8Linear(nn.Module):
-    """A q8_0 linear: `weight` int8 [out, in], `scales` fp16 [out, in / 32]. `matmul` is the q8_0
-    kernel the ladder chose (kipp_mlx.kernels.q8_0_matmul)."""
-
-    def __init__(self, weight: mx.array, scales: mx.array, matmul):
-        super().__init__()
-        self.weight, self.scales = weight, scales
-        self._matmul = matmul
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self._matmul(x, self.weight, self.scales)
-
-    def to_affine8(self) -> AffineLinear:
-        return AffineLinear(*q8_0_to_affine8(self.weight, self.scales), 8, QK8_0)
-
-
-class Q8Embedding(Q8Linear):
-    def __init__(self, weight: mx.array, scales: mx.array, matmul, dtype=mx.bfloat16):
-        super().__init__(weight, scales, matmul)
-        self.dtype = dtype
-
-    def __call__(self, ids: mx.array) -> mx.array:
-        return dequantize_q8_0(self.weight[ids], self.scales[ids], self.dtype)
-
-    def as_linear(self, x: mx.array) -> mx.array:
-        return self._matmul(x, self.weight, self.scales)
-
-    def to_affine8(self) -> AffineEmbedding:
-        return AffineEmbedding(*q8_0_to_affine8(self.weight, self.scales), 8, QK8_0, self.dtype)

@@ -1,7 +1,8 @@
 """The compile-and-probe ladder: at load every custom kernel is compiled and run on a probe input
-and compared with its ops reference. A kernel that is switched off runs its reference silently;
-one that is unavailable, fails or disagrees falls back to its reference through
-kipp_core.fastpath.report_fallback (logged once; fatal under KIPP_MLX_REQUIRE_KERNELS=1)."""
+at the model's own shapes and dtype, and compared with its ops reference. A kernel that is
+switched off runs its reference silently; one that is unavailable, fails or disagrees falls back
+to its reference through kipp_core.fastpath.report_fallback (logged once; fatal under
+KIPP_MLX_REQUIRE_KERNELS=1). `attach` puts the chosen functions on a loaded model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from functools import partial
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from kipp_core.fastpath import kernel_disabled, report_fallback
@@ -17,6 +19,7 @@ from kipp_core.fastpath import kernel_disabled, report_fallback
 log = logging.getLogger("kipp")
 
 BACKEND = "mlx"
+NO_GPU = "no Metal or CUDA device (MLX runs on the CPU)"
 
 
 def gpu_kind() -> str | None:
@@ -31,6 +34,11 @@ def gpu_kind() -> str | None:
     return None
 
 
+def _as_f32(x) -> list[np.ndarray]:
+    xs = x if isinstance(x, (tuple, list)) else (x,)
+    return [np.array(a.astype(mx.float32)) for a in xs]
+
+
 def choose(
     name: str,
     fast: Callable | None,
@@ -40,7 +48,8 @@ def choose(
     rtol: float,
     why_none: str = "",
 ) -> Callable:
-    """`fast` when it compiles, runs and agrees with `ref` on `probe()`'s inputs, else `ref`."""
+    """`fast` when it compiles, runs and agrees with `ref` on `probe()`'s inputs, else `ref`.
+    Either may return one array or a tuple of arrays."""
     if kernel_disabled(BACKEND, name):
         log.info(
             "mlx kernel %s is switched off (KIPP_MLX_DISABLE_KERNELS); using its reference", name
@@ -53,56 +62,104 @@ def choose(
         args = probe()
         got, want = fast(*args), ref(*args)
         mx.eval(got, want)
-        got = np.array(got.astype(mx.float32))
-        want = np.array(want.astype(mx.float32))
+        got, want = _as_f32(got), _as_f32(want)
     except Exception as e:  # a compile or launch error: any exception means "not usable here"
         report_fallback(BACKEND, name, f"compile or launch failed: {type(e).__name__}: {e}")
         return ref
-    if got.shape != want.shape or not np.allclose(got, want, atol=atol, rtol=rtol):
-        err = float(np.abs(got - want).max()) if got.shape == want.shape else float("nan")
-        report_fallback(BACKEND, name, f"probe disagrees with the reference (max error {err:.3g})")
-        return ref
+    for g, w in zip(got, want):
+        if g.shape != w.shape or not np.allclose(g, w, atol=atol, rtol=rtol):
+            err = float(np.abs(g - w).max()) if g.shape == w.shape else float("nan")
+            report_fallback(
+                BACKEND, name, f"probe disagrees with the reference (max error {err:.3g})"
+            )
+            return ref
     log.info("mlx kernel %s passed its probe", name)
     return fast
 
 
 def tolerance(dtype) -> tuple[float, float]:
+    """float32: the kernels and references differ only in summation order (K <= 12,288 terms of
+    unit size: ~1e-5); 16-bit: a one-ulp rounding difference of the output (2^-8 relative in
+    bf16) on values of order 1-10."""
     return (1e-4, 1e-4) if dtype == mx.float32 else (3e-2, 3e-2)
 
 
-def paged_attention_fn(
-    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype
-) -> Callable:
-    from kipp_mlx.kernels import paged_attention as pa
-
+def _pick(name: str, module, dtype, probe: Callable[[], tuple], why: str | None = None):
+    """The kernel `module.<name>` on this device, or its reference."""
     kind = gpu_kind()
-    fast = partial(pa.paged_attention, kind=kind) if kind else None
-    why = "no Metal or CUDA device (MLX runs on the CPU)"
-    if kind and head_dim % 32:
-        fast, why = None, f"head_dim {head_dim} is not a multiple of 32"
-    return choose(
-        "paged_attention",
-        fast,
-        pa.paged_attention_ref,
-        lambda: pa.probe_inputs(num_heads, num_kv_heads, head_dim, block_size, dtype),
-        *tolerance(dtype),
-        why_none=why,
+    fast = getattr(module, name)
+    ref = getattr(module, name + "_ref")
+    if kind is None or why:
+        return choose(name, None, ref, probe, *tolerance(dtype), why_none=why or NO_GPU)
+    return choose(name, partial(fast, kind=kind), ref, probe, *tolerance(dtype))
+
+
+def decode_attention_fn(cfg, block_size: int, dtype) -> Callable | None:
+    """The paged decode kernel, or None (the batched gather reference)."""
+    from kipp_mlx.kernels import decode_attention as da
+
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    vec = 16 // dtype.size
+    why = None
+    if d % vec or 128 % (d // vec) or hq // hkv > 8:
+        why = f"head_dim {d} or {hq // hkv} query heads a kv head do not fit its layout"
+    fn = _pick(
+        "decode_attention",
+        da,
+        dtype,
+        lambda: da.probe_inputs(hq, hkv, d, block_size, dtype),
+        why,
+    )
+    return None if fn is da.decode_attention_ref else fn
+
+
+def model_kernels(cfg, block_size: int, dtype):
+    """The Kernels of one model (kipp_mlx.model.Kernels)."""
+    from kipp_mlx.kernels import add_rms_norm as an
+    from kipp_mlx.kernels import qk_norm_rope as qr
+    from kipp_mlx.kernels import swiglu as sw
+    from kipp_mlx.model import Kernels
+
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    why = None if d % 32 == 0 else f"head_dim {d} is not a multiple of 32"
+    return Kernels(
+        qk_norm_rope=_pick(
+            "qk_norm_rope", qr, dtype, lambda: qr.probe_inputs(hq, hkv, d, dtype), why
+        ),
+        add_rms_norm=_pick(
+            "add_rms_norm", an, dtype, lambda: an.probe_inputs(cfg.hidden_size, dtype)
+        ),
+        decode_attention=decode_attention_fn(cfg, block_size, dtype),
+        swiglu=_pick("swiglu", sw, dtype, lambda: sw.probe_inputs(dtype)),
     )
 
 
-def q8_0_matmul_fn(dtype) -> tuple[Callable, bool]:
-    """The q8_0 matmul and whether it is the kernel (False: the caller converts to affine8)."""
-    from kipp_mlx.kernels import q8_0_matmul as qm
+def attach(model: nn.Module, cfg, dtype, block_size: int) -> None:
+    """Choose the model's kernels and put them on it: the step's kernels, and the decode GEMVs on
+    every dense and affine linear (and a tied head)."""
+    from kipp_mlx.kernels import affine_gemv as ag
+    from kipp_mlx.kernels import dense_gemv as dg
+    from kipp_mlx.model import Embedding, Linear
+    from kipp_mlx.quant import AffineLinear
 
-    kind = gpu_kind()
-    fast = partial(qm.q8_0_matmul, kind=kind) if kind else None
-    fn = choose(
-        "q8_0_matmul",
-        fast,
-        qm.q8_0_matmul_ref,
-        lambda: qm.probe_inputs(dtype),
-        *tolerance(dtype),
-        why_none="no Metal or CUDA device (MLX runs on the CPU); q8_0 weights are "
-        "converted to affine 8-bit at load",
-    )
-    return fn, fn is not qm.q8_0_matmul_ref
+    model.set_kernels(model_kernels(cfg, block_size, dtype))
+    mods = [m for _, m in model.named_modules()]
+    dense = [m for m in mods if isinstance(m, (Linear, Embedding))]
+    affine = [m for m in mods if isinstance(m, AffineLinear)]
+    choices = []
+    if dense:
+        fn = _pick("dense_gemv", dg, dtype, lambda: dg.probe_inputs(dtype))
+        choices.append((dense, None if fn is dg.dense_gemv_ref else fn, dg.MAX_ROWS_X))
+    for bits in sorted({m.bits for m in affine}):
+        fn = _pick(
+            "affine_gemv",
+            ag,
+            dtype,
+            lambda bits=bits: ag.probe_inputs(dtype, bits),
+            None if {m.group_size for m in affine} == {ag.GROUP_SIZE} else "group size not 32",
+        )
+        fast = None if fn is ag.affine_gemv_ref else fn
+        choices.append(([m for m in affine if m.bits == bits], fast, ag.MAX_ROWS_X))
+    for modules, fn, rows in choices:
+        for m in modules:
+            m.gemv, m.gemv_rows = fn, (rows if fn is not None else 0)

@@ -1,6 +1,6 @@
-"""Custom kernels and their references: the references against numpy, the kernels against the
-references where a GPU runs them, and the compile-and-probe ladder (clean fallback where Metal is
-absent, a loud failure when kernels are required, the switch that turns them off)."""
+"""Custom kernels' references against numpy and the oracle, and the compile-and-probe ladder
+(clean fallback where no GPU runs them, a loud failure when kernels are required, the switch that
+turns them off). The kernels themselves against these references: test_kernels_gpu.py."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ from kipp_core import fastpath
 from kipp_core.quant import dequantize_q8_0 as np_dequantize_q8_0
 from kipp_core.quant import quantize_q8_0 as np_quantize_q8_0
 from kipp_mlx import quant
+from kipp_mlx.kernels import add_rms_norm as an
+from kipp_mlx.kernels import affine_gemv as ag
+from kipp_mlx.kernels import decode_attention as da
+from kipp_mlx.kernels import dense_gemv as dg
 from kipp_mlx.kernels import ladder
-from kipp_mlx.kernels import paged_attention as pa
-from kipp_mlx.kernels import q8_0_matmul as qm
+from kipp_mlx.kernels import qk_norm_rope as qr
+from oracle.qwen3 import apply_rope, rms_norm, rope_cos_sin
 from tests.mlx.conftest import make_backend
 
 
@@ -30,15 +34,19 @@ def fresh_fallbacks(monkeypatch):
     fastpath.clear_fallbacks()
 
 
-def _np_paged_attention(q, k_pool, v_pool, tables, lens, scale, bs):
+def host(args):
+    return [np.array(a) if isinstance(a, mx.array) else a for a in args]
+
+
+def _np_decode_attention(q, kv_pool, tables, lens, scale, bs):
     """Plain numpy: gather each sequence's context through its block table, softmax, weigh V."""
     B, HQ, D = q.shape
-    HKV = k_pool.shape[1]
+    HKV = kv_pool.shape[2]
     out = np.zeros_like(q, dtype=np.float64)
     for b in range(B):
         slots = [tables[b][t // bs] * bs + t % bs for t in range(lens[b])]
-        k = np.repeat(k_pool[slots].astype(np.float64), HQ // HKV, axis=1)  # [ctx, HQ, D]
-        v = np.repeat(v_pool[slots].astype(np.float64), HQ // HKV, axis=1)
+        k = np.repeat(kv_pool[slots, 0].astype(np.float64), HQ // HKV, axis=1)  # [ctx, HQ, D]
+        v = np.repeat(kv_pool[slots, 1].astype(np.float64), HQ // HKV, axis=1)
         s = np.einsum("hd,thd->ht", q[b], k) * scale
         p = np.exp(s - s.max(-1, keepdims=True))
         out[b] = np.einsum("ht,thd->hd", p / p.sum(-1, keepdims=True), v)
@@ -46,11 +54,69 @@ def _np_paged_attention(q, k_pool, v_pool, tables, lens, scale, bs):
 
 
 @pytest.mark.parametrize("shape", [(8, 2, 32, 4), (6, 3, 64, 16), (4, 4, 16, 5)])
-def test_paged_attention_ref_matches_numpy(shape):
-    args = pa.probe_inputs(*shape, mx.float32, seed=sum(shape))
-    got = np.array(pa.paged_attention_ref(*args))
-    host = [np.array(a) if isinstance(a, mx.array) else a for a in args]
-    np.testing.assert_allclose(got, _np_paged_attention(*host), atol=2e-6, rtol=1e-5)
+def test_decode_attention_ref_matches_numpy(shape):
+    args = da.probe_inputs(*shape, mx.float32, seed=sum(shape))
+    got = np.array(da.decode_attention_ref(*args))
+    np.testing.assert_allclose(got, _np_decode_attention(*host(args)), atol=2e-6, rtol=1e-5)
+
+
+def test_split_count_fills_the_gpu_and_splits_long_contexts():
+    # 8B (8 kv heads), batch 1: 33 splits fill 264 blocks; a 128-token context has 4 blocks
+    assert da.num_splits(1, 8, 2048, 32) == 33
+    assert da.num_splits(1, 8, 128, 32) == 4
+    assert da.num_splits(1, 8, 32768, 32) == 128  # 1,024 blocks, at most 8 a split
+    assert da.num_splits(64, 8, 2048, 32) == 8  # 512 blocks fill the GPU; 64 tiles / 8
+    assert da.num_splits(256, 8, 300, 32) == 2
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 32), (6, 2, 64)])
+def test_qk_norm_rope_ref_matches_the_oracle(heads, kv_heads, head_dim):
+    args = qr.probe_inputs(heads, kv_heads, head_dim, mx.float32, seed=head_dim)
+    qkv, qw, kw, pos, _, eps = host(args[:6])
+    q, kv = qr.qk_norm_rope_ref(*args)
+    x = qkv.reshape(5, heads + 2 * kv_heads, head_dim)
+    cos, sin = rope_cos_sin(pos, head_dim, 1_000_000.0)
+    want_q = apply_rope(rms_norm(x[:, :heads], qw, eps), cos, sin)
+    want_k = apply_rope(rms_norm(x[:, heads : heads + kv_heads], kw, eps), cos, sin)
+    np.testing.assert_allclose(np.array(q), want_q, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(np.array(kv[:, 0]), want_k, atol=2e-6, rtol=1e-5)
+    np.testing.assert_array_equal(np.array(kv[:, 1]), x[:, heads + kv_heads :])
+
+
+def test_rope_table_equals_the_oracle_bit_for_bit():
+    pos = np.array([0, 1, 5, 4097, 40959])
+    cos, sin = rope_cos_sin(pos, 128, 1_000_000.0)
+    table = np.array(qr.rope_table(40960, 128, 1_000_000.0))[pos]
+    np.testing.assert_array_equal(table[:, :64], cos[:, :64])
+    np.testing.assert_array_equal(table[:, 64:], sin[:, :64])
+
+
+def test_add_rms_norm_ref_matches_numpy():
+    x, r, w, eps = host(an.probe_inputs(96, mx.float32, seed=2))
+    h, y = an.add_rms_norm_ref(*an.probe_inputs(96, mx.float32, seed=2))
+    np.testing.assert_allclose(np.array(h), x + r, rtol=1e-6)
+    np.testing.assert_allclose(np.array(y), rms_norm(x + r, w, eps), atol=2e-6, rtol=1e-5)
+
+
+def _np_affine_dequant(w, scales, biases, bits):
+    per = 32 // bits
+    q = np.stack([(w >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], -1)
+    q = q.reshape(w.shape[0], -1, 32).astype(np.float64)
+    return (q * scales[..., None] + biases[..., None]).reshape(w.shape[0], -1)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_affine_gemv_ref_matches_numpy(bits):
+    args = ag.probe_inputs(mx.float32, bits, rows_x=3, seed=bits)
+    x, w, s, b, _ = host(args)
+    want = x.astype(np.float64) @ _np_affine_dequant(w, s, b, bits).T
+    np.testing.assert_allclose(np.array(ag.affine_gemv_ref(*args)), want, atol=1e-4, rtol=1e-5)
+
+
+def test_dense_gemv_ref_matches_numpy():
+    x, w = ag_x = dg.probe_inputs(mx.float32, seed=4)
+    want = np.array(x).astype(np.float64) @ np.array(w).astype(np.float64).T
+    np.testing.assert_allclose(np.array(dg.dense_gemv_ref(*ag_x)), want, atol=1e-4, rtol=1e-5)
 
 
 def test_q8_0_quantize_matches_numpy_reference():
@@ -74,16 +140,6 @@ def test_q8_0_to_affine8_is_exact():
     w, s, b = quant.q8_0_to_affine8(qs, d)
     affine = mx.dequantize(w, s, b, group_size=32, bits=8)
     assert mx.array_equal(affine, quant.dequantize_q8_0(qs, d)).item()
-
-
-@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
-def test_q8_0_matmul_ref_matches_numpy(dtype):
-    x, qs, d = qm.probe_inputs(dtype, seed=3)
-    got = np.array(qm.q8_0_matmul_ref(x, qs, d).astype(mx.float32))
-    w = np_dequantize_q8_0(np.array(qs), np.array(d))
-    want = np.array(x.astype(mx.float32)) @ w.T
-    tol = 1e-5 if dtype == mx.float32 else 2e-2
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 # -- the ladder ---------------------------------------------------------------------------------
@@ -133,72 +189,50 @@ def test_ladder_falls_back_once_and_says_why(caplog, fast, reason):
 
 
 @pytest.mark.skipif(ladder.gpu_kind() is not None, reason="checks the CPU-only fallback")
-def test_real_kernels_fall_back_cleanly_without_metal(caplog):
-    """The Metal kernel itself, launched where Metal is absent, falls back to the reference."""
+def test_real_kernels_fall_back_cleanly_without_a_gpu(caplog):
+    """A kernel launched where no GPU runs it falls back to the reference, once, saying why."""
     with caplog.at_level(logging.WARNING, logger="kipp"):
         fn = ladder.choose(
-            "paged_attention_metal",
-            partial(pa.paged_attention, kind="metal"),
-            pa.paged_attention_ref,
-            lambda: pa.probe_inputs(4, 2, 32, 8, mx.float32),
+            "decode_attention_metal",
+            partial(da.decode_attention, kind="metal"),
+            da.decode_attention_ref,
+            lambda: da.probe_inputs(4, 2, 32, 8, mx.float32),
             1e-4,
             1e-4,
         )
-    assert fn is pa.paged_attention_ref
-    assert "compile or launch failed" in fastpath.fallbacks()[("mlx", "paged_attention_metal")]
-    assert ladder.paged_attention_fn(4, 2, 32, 8, mx.float32) is pa.paged_attention_ref
-    assert ladder.q8_0_matmul_fn(mx.float32) == (qm.q8_0_matmul_ref, False)
-    assert "no Metal or CUDA" in fastpath.fallbacks()[("mlx", "q8_0_matmul")]
+    assert fn is da.decode_attention_ref
+    assert "compile or launch failed" in fastpath.fallbacks()[("mlx", "decode_attention_metal")]
+    assert ladder.decode_attention_fn(_cfg(), 8, mx.float32) is None
+    assert "no Metal or CUDA" in fastpath.fallbacks()[("mlx", "decode_attention")]
+
+
+def _cfg():
+    from tests.conftest import small_config
+
+    return small_config()
 
 
 @pytest.mark.skipif(ladder.gpu_kind() is not None, reason="checks the CPU-only fallback")
 def test_required_kernels_make_load_fail(monkeypatch, tiny_path):
     monkeypatch.setenv("KIPP_MLX_REQUIRE_KERNELS", "1")
-    with pytest.raises(fastpath.KernelUnavailableError, match="paged_attention"):
+    with pytest.raises(fastpath.KernelUnavailableError, match="qk_norm_rope"):
         make_backend(tiny_path)
-    with pytest.raises(fastpath.KernelUnavailableError, match="q8_0_matmul"):
-        ladder.q8_0_matmul_fn(mx.float32)
 
 
 def test_disabled_kernels_use_references_without_a_fallback(monkeypatch):
     monkeypatch.setenv("KIPP_MLX_DISABLE_KERNELS", "1")
     monkeypatch.setenv("KIPP_MLX_REQUIRE_KERNELS", "1")  # a switched-off kernel is not a fallback
-    assert ladder.paged_attention_fn(4, 2, 32, 8, mx.float32) is pa.paged_attention_ref
-    assert ladder.q8_0_matmul_fn(mx.float32) == (qm.q8_0_matmul_ref, False)
+    k = ladder.model_kernels(_cfg(), 8, mx.float32)
+    assert k.decode_attention is None
+    assert k.qk_norm_rope is qr.qk_norm_rope_ref and k.add_rms_norm is an.add_rms_norm_ref
     assert not fastpath.fallbacks()
 
 
-# -- on a GPU: the kernels themselves -----------------------------------------------------------
-
-gpu = pytest.mark.skipif(
-    ladder.gpu_kind() is None,
-    reason="custom kernels need MLX on Metal or CUDA; this MLX runs on the CPU",
-)
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
-@pytest.mark.parametrize("shape", [(8, 2, 128, 32), (16, 8, 64, 16), (5, 5, 32, 3)])
-def test_paged_attention_kernel_matches_ref(dtype, shape):
-    args = pa.probe_inputs(*shape, dtype, seed=7)
-    got = pa.paged_attention(*args, kind=ladder.gpu_kind())
-    want = pa.paged_attention_ref(*args)
-    atol, rtol = ladder.tolerance(dtype)
-    np.testing.assert_allclose(
-        np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)), atol=atol, rtol=rtol
-    )
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
-@pytest.mark.parametrize("rows,n,k", [(1, 1823, 96), (3, 37, 1024), (8, 781, 32)])
-def test_q8_0_matmul_kernel_matches_ref(dtype, rows, n, k):
-    rng = np.random.default_rng(rows + n)
-    qs, d = quant.quantize_q8_0(mx.array(rng.standard_normal((n, k)).astype(np.float32)))
-    x = mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(dtype)
-    got = qm.q8_0_matmul(x, qs, d, kind=ladder.gpu_kind())
-    want = qm.q8_0_matmul_ref(x, qs, d)
-    atol, rtol = ladder.tolerance(dtype)
-    np.testing.assert_allclose(
-        np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)), atol=atol, rtol=rtol
-    )
+@pytest.mark.skipif(ladder.gpu_kind() is not None, reason="checks the CPU-only fallback")
+def test_cpu_model_says_once_which_kernels_fall_back(tiny_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="kipp"):
+        make_backend(tiny_path)
+        make_backend(tiny_path)
+    names = {name for _, name in fastpath.fallbacks()}
+    assert {"qk_norm_rope", "add_rms_norm", "decode_attention"} <= names
+    assert len([r for r in caplog.records if "qk_norm_rope" in r.getMessage()]) == 1

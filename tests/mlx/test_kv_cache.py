@@ -42,8 +42,8 @@ def test_q8_0_cache_stores_the_reference_quantization(path):
     run_logits(dense, IDS, table)
     run_logits(q8, IDS, table)
     slots = mx.array([table[p // 8] * 8 + p % 8 for p in range(len(IDS))])
-    for pools_d, pools_q in ((dense.kv.k, q8.kv.k), (dense.kv.v, q8.kv.v)):
-        want_qs, want_d = quantize_q8_0(np.array(pools_d[0][slots]))
+    for j, pools_q in enumerate((q8.kv.k, q8.kv.v)):  # the dense pool: [slots, 2 (K, V), ...]
+        want_qs, want_d = quantize_q8_0(np.array(dense.kv.kv[0][slots][:, j]))
         qs, d = pools_q[0]
         np.testing.assert_array_equal(np.array(qs[slots]), want_qs)
         np.testing.assert_array_equal(np.array(d[slots]), want_d)
@@ -83,9 +83,9 @@ def test_pool_grows_and_keeps_what_it_holds():
     assert kv.capacity == 16
     k = mx.array(np.random.default_rng(0).standard_normal((3, 2, 32)).astype(np.float32))
     slots = mx.array([1, 6, 63])
-    kv.write(1, k, k * 2, slots)
+    kv.write(1, mx.stack([k, k * 2], axis=1), slots)
     kv.reserve(70)
-    assert kv.capacity == 71 and kv.k[1].shape[0] == 71 * 4
+    assert kv.capacity == 71 and kv.kv[1].shape[0] == 71 * 4
     got_k, got_v = kv.read(1, slots)
     assert mx.array_equal(got_k, k).item() and mx.array_equal(got_v, k * 2).item()
     with pytest.raises(ValueError, match="block id 100"):

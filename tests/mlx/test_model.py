@@ -83,7 +83,7 @@ def test_hf_layout_matches_oracle(make_checkpoint):
     path = make_checkpoint(SHAPES["untied-gqa4"], seed=7)
     be = make_backend(path, block_size=8)
     be.model = load_model(Checkpoint(path), mx.float32, cpu_layout=False)
-    assert "weight" in be.model.model.layers[0].self_attn.q_proj
+    assert "weight" in be.model.model.layers[0].self_attn.qkv_proj
     ids = random_ids(30, 512, seed=8)
     assert rel_err(run_logits(be, ids), forward(load_weights(Checkpoint(path)), ids)) <= 1e-5
 

@@ -1,0 +1,223 @@
+"""Qwen3's per-head q/k RMSNorm and RoPE on the fused qkv projection, with K and V laid out for
+the paged cache, in one launch.
+
+`_CUDA` (with a Metal twin `_METAL`), `qk_norm_rope` (checks and launches) and `qk_norm_rope_ref`
+(the same in MLX ops). A warp takes one head of one token (q heads, then k heads, then v heads);
+lane l holds elements l, l + 32, ... of the head, so RoPE's half-split partner (e +- D / 2) is in
+the same lane when D / 32 is even and one shuffle away when it is 1. The norm rounds as
+transformers' Qwen3RMSNorm does (float32 statistics, the normed row cast to the model dtype, then
+times the weight); RoPE reads cos / sin from a float32 table (rope_table) and rounds once.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+HEADS_PER_BLOCK = 4
+
+# qkv [T, (HQ + 2 HKV) * D]; q_weight, k_weight [D]; positions [T] int32;
+# cos_sin [P, D] float32 (cos of the D / 2 frequencies, then their sin); eps [1] float32
+# q_out [T, HQ, D]; kv_out [T, 2, HKV, D] (normed + roped K, then V)
+_CUDA = """
+    constexpr int PER = D / 32;
+    constexpr int NH = HQ + 2 * HKV;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int head = blockIdx.x * 4 + warp;
+    const int t = blockIdx.y;
+    if (head >= NH) return;
+    const T* src = qkv + ((size_t)t * NH + head) * D;
+    if (head >= HQ + HKV) {
+        T* dst = kv_out + (((size_t)t * 2 + 1) * HKV + (head - HQ - HKV)) * D;
+        for (int i = 0; i < PER; i++) dst[lane + 32 * i] = src[lane + 32 * i];
+        return;
+    }
+    float x[PER];
+    float ss = 0.0f;
+    for (int i = 0; i < PER; i++) {
+        x[i] = static_cast<float>(src[lane + 32 * i]);
+        ss += x[i] * x[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+    const float r = rsqrtf(ss / D + eps[0]);
+    const T* wgt = head < HQ ? q_weight : k_weight;
+    for (int i = 0; i < PER; i++) {
+        const float normed = static_cast<float>(static_cast<T>(x[i] * r));
+        x[i] = static_cast<float>(static_cast<T>(normed * static_cast<float>(wgt[lane + 32 * i])));
+    }
+    const float* cs = cos_sin + (size_t)positions[t] * D;
+    T* dst = head < HQ ? q_out + ((size_t)t * HQ + head) * D
+                       : kv_out + ((size_t)t * 2 * HKV + (head - HQ)) * D;
+    if (PER == 1) {
+        const float other = __shfl_xor_sync(0xffffffff, x[0], 16);
+        const int j = lane % 16;
+        const float c = cs[j], s = cs[D / 2 + j];
+        const float y = lane < 16 ? x[0] * c - other * s : x[0] * c + other * s;
+        dst[lane] = static_cast<T>(y);
+    } else {
+        for (int i = 0; i < PER / 2; i++) {
+            const int j = lane + 32 * i;
+            const float c = cs[j], s = cs[D / 2 + j];
+            const float a = x[i], b = x[i + PER / 2];
+            dst[j] = static_cast<T>(a * c - b * s);
+            dst[j + D / 2] = static_cast<T>(b * c + a * s);
+        }
+    }
+"""
+
+_METAL = """
+    constexpr int PER = D / 32;
+    constexpr int NH = HQ + 2 * HKV;
+    const int tid = thread_position_in_threadgroup.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int head = threadgroup_position_in_grid.x * 4 + warp;
+    const int t = threadgroup_position_in_grid.y;
+    if (head >= NH) return;
+    const device T* src = qkv + ((size_t)t * NH + head) * D;
+    if (head >= HQ + HKV) {
+        device T* dst = kv_out + (((size_t)t * 2 + 1) * HKV + (head - HQ - HKV)) * D;
+        for (int i = 0; i < PER; i++) dst[lane + 32 * i] = src[lane + 32 * i];
+        return;
+    }
+    float x[PER];
+    float ss = 0.0f;
+    for (int i = 0; i < PER; i++) {
+        x[i] = float(src[lane + 32 * i]);
+        ss += x[i] * x[i];
+    }
+    ss = simd_sum(ss);
+    const float r = metal::precise::rsqrt(ss / D + eps[0]);
+    const device T* wgt = head < HQ ? q_weight : k_weight;
+    for (int i = 0; i < PER; i++) {
+        const float normed = float(static_cast<T>(x[i] * r));
+        x[i] = float(static_cast<T>(normed * float(wgt[lane + 32 * i])));
+    }
+    const device float* cs = cos_sin + (size_t)positions[t] * D;
+    device T* dst = head < HQ ? q_out + ((size_t)t * HQ + head) * D
+                              : kv_out + ((size_t)t * 2 * HKV + (head - HQ)) * D;
+    if (PER == 1) {
+        const float other = simd_shuffle_xor(x[0], 16);
+        const int j = lane % 16;
+        const float c = cs[j], s = cs[D / 2 + j];
+        const float y = lane < 16 ? x[0] * c - other * s : x[0] * c + other * s;
+        dst[lane] = static_cast<T>(y);
+    } else {
+        for (int i = 0; i < PER / 2; i++) {
+            const int j = lane + 32 * i;
+            const float c = cs[j], s = cs[D / 2 + j];
+            const float a = x[i], b = x[i + PER / 2];
+            dst[j] = static_cast<T>(a * c - b * s);
+            dst[j + D / 2] = static_cast<T>(b * c + a * s);
+        }
+    }
+"""
+
+_INPUTS = ["qkv", "q_weight", "k_weight", "positions", "cos_sin", "eps"]
+_built: dict[str, object] = {}
+
+
+def rope_table(num_positions: int, head_dim: int, theta: float) -> mx.array:
+    """[num_positions, head_dim] float32: cos of the head_dim / 2 frequencies at each position,
+    then their sin; computed in numpy float32 as oracle.qwen3.rope_cos_sin computes them."""
+    f32 = np.float32
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
+    inv_freq = (1.0 / (f32(theta) ** exponent)).astype(f32)
+    freqs = np.arange(num_positions, dtype=np.int64).astype(f32)[:, None] * inv_freq[None, :]
+    return mx.array(np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1).astype(f32))
+
+
+def _kernel(kind: str):
+    if kind not in _built:
+        make = mx.fast.metal_kernel if kind == "metal" else mx.fast.cuda_kernel
+        src = _METAL if kind == "metal" else _CUDA
+        _built[kind] = make("kipp_qk_norm_rope", _INPUTS, ["q_out", "kv_out"], src)
+    return _built[kind]
+
+
+def _check(qkv, q_weight, num_heads, num_kv_heads, head_dim, multiple: int = 2):
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    if (
+        qkv.ndim != 2
+        or qkv.shape[1] != width
+        or q_weight.shape != (head_dim,)
+        or head_dim % multiple
+    ):
+        raise ValueError(
+            f"qk_norm_rope: qkv {qkv.shape} needs [T, {width}], weights [{head_dim}], "
+            f"head_dim a multiple of {multiple}"
+        )
+
+
+def qk_norm_rope(
+    qkv: mx.array,
+    q_weight: mx.array,
+    k_weight: mx.array,
+    positions: mx.array,
+    cos_sin: mx.array,
+    eps: float,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kind: str = "cuda",
+) -> tuple[mx.array, mx.array]:
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] and kv [T, 2, Hkv, D] (K normed and roped)."""
+    _check(qkv, q_weight, num_heads, num_kv_heads, head_dim, 32)
+    T = qkv.shape[0]
+    nh = num_heads + 2 * num_kv_heads
+    q, kv = _kernel(kind)(
+        inputs=[
+            qkv,
+            q_weight.astype(qkv.dtype),
+            k_weight.astype(qkv.dtype),
+            positions.astype(mx.int32),
+            cos_sin,
+            mx.array([eps], dtype=mx.float32),
+        ],
+        template=[("T", qkv.dtype), ("D", head_dim), ("HQ", num_heads), ("HKV", num_kv_heads)],
+        grid=(-(-nh // HEADS_PER_BLOCK) * 32 * HEADS_PER_BLOCK, T, 1),
+        threadgroup=(32 * HEADS_PER_BLOCK, 1, 1),
+        output_shapes=[(T, num_heads, head_dim), (T, 2, num_kv_heads, head_dim)],
+        output_dtypes=[qkv.dtype, qkv.dtype],
+    )
+    return q, kv
+
+
+def _norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    xf = x.astype(mx.float32)
+    r = mx.rsqrt(mx.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (weight.astype(x.dtype) * (xf * r).astype(x.dtype)).astype(x.dtype)
+
+
+def _rope(x: mx.array, cos_sin: mx.array, positions: mx.array) -> mx.array:
+    half = x.shape[-1] // 2
+    cs = cos_sin[positions][:, None, :]  # [T, 1, D]
+    c, s = cs[..., :half], cs[..., half:]
+    xf = x.astype(mx.float32)
+    a, b = xf[..., :half], xf[..., half:]
+    return mx.concatenate([a * c - b * s, b * c + a * s], axis=-1).astype(x.dtype)
+
+
+def qk_norm_rope_ref(
+    qkv, q_weight, k_weight, positions, cos_sin, eps, num_heads, num_kv_heads, head_dim, **_
+):
+    _check(qkv, q_weight, num_heads, num_kv_heads, head_dim)
+    T = qkv.shape[0]
+    x = qkv.reshape(T, num_heads + 2 * num_kv_heads, head_dim)
+    q = x[:, :num_heads]
+    k = x[:, num_heads : num_heads + num_kv_heads]
+    v = x[:, num_heads + num_kv_heads :]
+    q = _rope(_norm(q, q_weight, eps), cos_sin, positions)
+    k = _rope(_norm(k, k_weight, eps), cos_sin, positions)
+    return q, mx.stack([k, v], axis=1)
+
+
+def probe_inputs(num_heads, num_kv_heads, head_dim, dtype, seed: int = 0):
+    """5 tokens at scattered positions of a 300-position table."""
+    rng = np.random.default_rng(seed)
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = mx.array(rng.standard_normal((5, width)).astype(np.float32)).astype(dtype)
+    qw = mx.array(rng.uniform(0.5, 1.5, head_dim).astype(np.float32)).astype(dtype)
+    kw = mx.array(rng.uniform(0.5, 1.5, head_dim).astype(np.float32)).astype(dtype)
+    pos = mx.array(np.array([0, 1, 17, 130, 299], dtype=np.int32))
+    table = rope_table(300, head_dim, 1_000_000.0)
+    return qkv, qw, kw, pos, table, 1e-6, num_heads, num_kv_heads, head_dim
