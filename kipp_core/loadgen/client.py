@@ -1,8 +1,9 @@
 """One streamed request against an OpenAI-compatible server, timed as it arrives.
 
-The hot path is one `perf_counter()` per network read and one `json.loads` per SSE event; the
-arrival times of the events that carry new tokens are kept as they are, and everything derived
-from them (TTFT, the gaps) is computed after the stream ends.
+The hot path is one `perf_counter()` per network read and, per SSE event, a few byte searches
+that recognize an ordinary token chunk (`plain_token_event`) or else one `json.loads`
+(`read_event`, the reference); the arrival times of the events that carry new tokens are kept as
+they are, and everything derived from them (TTFT, the gaps) is computed after the stream ends.
 """
 
 from __future__ import annotations
@@ -56,6 +57,33 @@ def _carries_tokens_chat(choice: dict) -> bool:
     )
 
 
+def plain_token_event(payload: bytes, chat: bool) -> bool:
+    """True when the bytes alone show an ordinary token chunk of a compact JSON encoder (kipp,
+    vLLM, llama-server): one that `read_event` would count and that holds no usage and no error,
+    so it needs no parse. False means "parse it". Inside a JSON string every quote is escaped, so
+    text the model wrote cannot match these byte patterns."""
+    if b'"finish_reason":null' not in payload or b'"usage":{' in payload or b'"error"' in payload:
+        return False
+    return not chat or (b'"content":"' in payload and b'"content":""' not in payload)
+
+
+def read_event(ev: dict, chat: bool, rec: Record) -> bool:
+    """Fill `rec` from one parsed event (usage, error); True when it carries tokens."""
+    usage = ev.get("usage")
+    if usage:
+        rec.prompt_tokens = usage.get("prompt_tokens")
+        rec.output_tokens = usage.get("completion_tokens")
+    if "error" in ev:  # an error event mid-stream (the status was already 200)
+        err = ev["error"]
+        code = err.get("code") if isinstance(err, dict) else None
+        rec.status = code if isinstance(code, int) and code >= 400 else 500
+        rec.error = str(err.get("message", err) if isinstance(err, dict) else err)
+    choices = ev.get("choices")
+    if not choices:
+        return False
+    return _carries_tokens_chat(choices[0]) if chat else _carries_tokens_completion(choices[0])
+
+
 def _error_message(raw: bytes) -> str:
     try:
         body = json.loads(raw)
@@ -71,7 +99,6 @@ async def stream_request(
 ) -> Record:
     """POST `body` (JSON bytes, "stream": true) to `url` and fill `rec`; never raises for a
     failed request: the status and message go into the record."""
-    carries = _carries_tokens_chat if chat else _carries_tokens_completion
     times = rec.times
     rec.sent = perf_counter()
     try:
@@ -92,19 +119,10 @@ async def stream_request(
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
                         continue
-                    ev = json.loads(payload)
-                    choices = ev.get("choices")
-                    if choices and carries(choices[0]):
+                    if plain_token_event(payload, chat) or read_event(
+                        json.loads(payload), chat, rec
+                    ):
                         times.append(t)
-                    usage = ev.get("usage")
-                    if usage:
-                        rec.prompt_tokens = usage.get("prompt_tokens")
-                        rec.output_tokens = usage.get("completion_tokens")
-                    if "error" in ev:  # an error event mid-stream (the status was already 200)
-                        err = ev["error"]
-                        code = err.get("code") if isinstance(err, dict) else None
-                        rec.status = code if isinstance(code, int) and code >= 400 else 500
-                        rec.error = str(err.get("message", err) if isinstance(err, dict) else err)
     except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
         rec.status = rec.status if rec.status != OK else 0
         rec.error = f"{type(e).__name__}: {e}"[:500]

@@ -1,9 +1,11 @@
 """A client process: one share of a run's requests on its own asyncio loop.
 
-Protocol with the parent over a Pipe: the child builds its request bodies, runs its warm-up
-requests, sends ("ready",), receives the run's start as wall-clock seconds (shared by every client
-process), sends its requests on schedule, and answers ("done", packed records) or
-("error", message). Finished requests are counted in a shared integer for the progress bar.
+Protocol with the parent over a socket (multiprocessing Connection framing): the child receives
+(LoadSpec, Share), builds its request bodies, runs its warm-up requests, sends ("ready",),
+receives the run's start as wall-clock seconds (shared by every client process), sends its
+requests on schedule, and answers ("done", packed records and its CPU seconds) or
+("error", message). Meanwhile it
+sends ("progress", finished requests) every PROGRESS_S, for the parent's progress bar.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 
 from kipp_core.loadgen.client import Record, stream_request
 from kipp_core.loadgen.spec import LoadSpec, request_body
+
+PROGRESS_S = 0.2
 
 
 @dataclass
@@ -43,15 +47,13 @@ def _session(spec: LoadSpec, limit: int):
     return aiohttp.ClientSession(connector=conn, timeout=timeout, headers=headers)
 
 
-async def _send_all(session, spec, bodies, share: Share, start: float, counter) -> list[Record]:
+async def _send_all(session, spec, bodies, share: Share, start: float, done: list) -> list[Record]:
     url, chat = spec.target, spec.chat
     records = [Record(i) for i in share.indices]
 
     async def one(k: int) -> None:
         await stream_request(session, url, bodies[k], chat, records[k])
-        if counter is not None:
-            with counter.get_lock():
-                counter.value += 1
+        done[0] += 1
 
     if share.arrivals is None:  # a fixed number of workers, each sending back to back
         n = len(bodies) if share.concurrency is None else min(share.concurrency, len(bodies))
@@ -89,7 +91,16 @@ async def _warmup(session, spec: LoadSpec, share: Share) -> None:
         raise RuntimeError(f"a warm-up request failed ({bad[0].status}): {bad[0].error}")
 
 
-async def _main(conn, spec: LoadSpec, share: Share, counter) -> tuple[list[Record], float]:
+async def _report(conn, done: list) -> None:
+    sent = 0
+    while True:
+        await asyncio.sleep(PROGRESS_S)
+        if done[0] != sent:
+            sent = done[0]
+            conn.send(("progress", sent))
+
+
+async def _main(conn, spec: LoadSpec, share: Share) -> tuple[list[Record], float, float]:
     bodies = [
         request_body(spec, i, p, m)
         for i, p, m in zip(share.indices, share.prompts, share.max_tokens)
@@ -102,8 +113,15 @@ async def _main(conn, spec: LoadSpec, share: Share, counter) -> tuple[list[Recor
         delay = start - perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        records = await _send_all(session, spec, bodies, share, start, counter)
-    return records, start
+        done = [0]
+        reporter = asyncio.ensure_future(_report(conn, done))
+        cpu = time.process_time()
+        try:
+            records = await _send_all(session, spec, bodies, share, start, done)
+        finally:
+            reporter.cancel()
+        cpu = time.process_time() - cpu
+    return records, start, cpu
 
 
 def pack(records: list[Record], start: float) -> dict:
@@ -133,11 +151,12 @@ def pack(records: list[Record], start: float) -> dict:
     }
 
 
-def client_process(conn, spec: LoadSpec, share: Share, counter) -> None:
-    """The child's entry point (spawned by kipp_core.loadgen.runner)."""
+def client_process(conn) -> None:
+    """The child's entry point (python -m kipp_core.loadgen FD, started by the runner)."""
     try:
-        records, start = asyncio.run(_main(conn, spec, share, counter))
-        conn.send(("done", pack(records, start)))
+        spec, share = conn.recv()
+        records, start, cpu = asyncio.run(_main(conn, spec, share))
+        conn.send(("done", {**pack(records, start), "cpu_s": np.array([cpu])}))
     except BaseException as e:  # the parent reports it as one line
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:

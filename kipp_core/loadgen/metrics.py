@@ -70,6 +70,7 @@ def summarize(result: LoadResult, prompt_lens: list[int], max_tokens: list[int])
         "output_throughput": total_out / duration if duration > 0 else None,
         "total_token_throughput": (total_in + total_out) / duration if duration > 0 else None,
         "peak_concurrency": _peak_concurrency(r["sent"], r["done"]),
+        "client_busy": result.client_busy,
         # Completed requests whose output is not the requested length (with ignore_eos: none).
         "length_mismatches": int((out_tok[ok] != np.asarray(max_tokens)[ok]).sum()),
         "tokens_from": "usage"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kipp_core.loadgen.metrics import METRICS
 
+BUSY_WARNING = 0.7  # a client process's CPU time over the run: above it, it may lag the stream
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end"}
 
 
@@ -74,6 +75,11 @@ def to_markdown(result: dict) -> str:
             notes.append(
                 f"- {load_label(run)}: {run['length_mismatches']} completed requests did not "
                 "produce their requested number of tokens"
+            )
+        if run["client_busy"] > BUSY_WARNING:
+            notes.append(
+                f"- {load_label(run)}: a client process was busy {run['client_busy']:.0%} of "
+                "the run, so its timings include its own delays: raise --client-procs"
             )
         if run["tokens_from"] != "usage":
             notes.append(

@@ -1,17 +1,26 @@
-"""Runs a load: the requests split over `client_procs` spawned processes (so that the clients
+"""Runs a load: the requests split over `client_procs` client processes (so that the clients
 never compete for a GIL with an in-process server, and several cores can read the streams),
-started together, their records merged in request order."""
+started together, their records merged in request order.
+
+A client is `python -m kipp_core.loadgen` on a socket of its own rather than a multiprocessing
+child: spawn would re-import the caller's __main__, which a script without a main guard cannot
+survive.
+"""
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
 
 import numpy as np
 
-from kipp_core.loadgen.driver import Share, client_process
+from kipp_core.loadgen.driver import Share
 from kipp_core.loadgen.spec import LoadSpec
 from kipp_core.workload import poisson_arrivals
 
@@ -30,11 +39,13 @@ START_DELAY_S = 0.05  # from the start message to the first request: every proce
 
 @dataclass
 class LoadResult:
-    """Every request's record as arrays in request order (driver.pack's fields), and the run's
-    duration: from the start to the last request's end."""
+    """Every request's record as arrays in request order (driver.pack's fields), the run's
+    duration (from the start to the last request's end), and how busy the clients were: near 1,
+    a client process was the bottleneck and its latencies include its own delay."""
 
     records: dict
     duration: float
+    client_busy: float = 0.0  # the busiest client process's CPU time over the duration
 
 
 def _shares(spec: LoadSpec, prompts, max_tokens, warmup) -> list[Share]:
@@ -83,50 +94,68 @@ def run_load(spec: LoadSpec, prompts: list, max_tokens: list[int], warmup=()) ->
         )
     from tqdm import tqdm
 
-    ctx = mp.get_context("spawn")  # no fork of a process that may run server threads
-    counter = ctx.Value("q", 0)
     procs, conns = [], []
-    for share in _shares(spec, prompts, max_tokens, warmup):
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=client_process, args=(child, spec, share, counter), daemon=True)
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
     try:
-        parts = _gather(spec, procs, conns, counter, len(prompts), tqdm)
+        for share in _shares(spec, prompts, max_tokens, warmup):
+            proc, conn = _start_client()
+            procs.append(proc)
+            conns.append(conn)
+            conn.send((spec, share))
+        parts = _gather(spec, procs, conns, len(prompts), tqdm)
     finally:
+        for conn in conns:
+            conn.close()
         for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
     merged = _merge(parts)
-    return LoadResult(merged, float(np.max(merged["done"], initial=0.0)))
+    duration = float(np.max(merged["done"], initial=0.0))
+    busy = float(np.max(merged["cpu_s"])) / duration if duration > 0 else 0.0
+    return LoadResult(merged, duration, busy)
+
+
+def _start_client() -> tuple[subprocess.Popen, Connection]:
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the directory that holds kipp_core
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    fd = theirs.fileno()
+    cmd = [sys.executable, "-m", "kipp_core.loadgen", str(fd)]
+    proc = subprocess.Popen(cmd, pass_fds=[fd], env=env, stdin=subprocess.DEVNULL)
+    theirs.close()
+    return proc, Connection(ours.detach())
 
 
 def _recv(conn, proc) -> tuple:
     try:
         msg = conn.recv()
-    except EOFError:
-        raise ValueError(f"a client process died (exit code {proc.exitcode})") from None
+    except (EOFError, OSError):
+        raise ValueError(f"a client process died (exit code {proc.poll()})") from None
     if msg[0] == "error":
         raise ValueError(f"load client failed: {msg[1]}")
     return msg
 
 
-def _gather(spec: LoadSpec, procs, conns, counter, total: int, tqdm) -> list[dict]:
+def _gather(spec: LoadSpec, procs, conns, total: int, tqdm) -> list[dict]:
     for conn, proc in zip(conns, procs):  # warm-ups done, bodies built: every client is ready
         _recv(conn, proc)
     start = time.time() + START_DELAY_S
     for conn in conns:
         conn.send(start)
     parts: dict[int, dict] = {}
-    with tqdm(
-        total=total, desc=spec.desc, unit="req", disable=None if spec.progress else True
-    ) as bar:
+    finished = [0] * len(conns)
+    off = None if spec.progress else True  # tqdm: None = on where stderr is a terminal
+    with tqdm(total=total, desc=spec.desc, unit="req", disable=off) as bar:
         while len(parts) < len(conns):
-            for conn in wait([c for i, c in enumerate(conns) if i not in parts], timeout=0.2):
+            for conn in wait([c for i, c in enumerate(conns) if i not in parts], timeout=1.0):
                 i = conns.index(conn)
-                parts[i] = _recv(conn, procs[i])[1]
-            bar.update(counter.value - bar.n)
+                msg = _recv(conn, procs[i])
+                if msg[0] == "progress":
+                    finished[i] = msg[1]
+                else:
+                    parts[i], finished[i] = msg[1], len(msg[1]["index"])
+            bar.update(sum(finished) - bar.n)
     return [parts[i] for i in range(len(conns))]

@@ -189,3 +189,54 @@ def test_cli_errors_exit_2_with_one_line(args, says, capsys):
     assert main(["bench", "serve", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err and err.startswith("kipp bench serve")
+
+
+def _samples():
+    """(payload bytes, chat) of chunks as kipp's server (its own encoder), compact encoders
+    (vLLM, llama-server) and Python's spaced default write them, including text that spells
+    the fast path's patterns."""
+    from kipp_core.server.streaming import dumps
+
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+    text = [
+        {"index": 0, "text": " a", "logprobs": None, "finish_reason": None},
+        {"index": 0, "text": "", "logprobs": None, "finish_reason": None},
+        {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"},
+        {"index": 0, "text": '"finish_reason":null "usage":{', "finish_reason": "stop"},
+    ]
+    delta = [
+        {"role": "assistant", "content": ""},
+        {"content": " b"},
+        {"content": '"content":"x'},
+        {"reasoning_content": "hm"},
+        {},
+    ]
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    events = [({**head, "choices": [c], "usage": None}, False) for c in text]
+    events += [({**head, "choices": [], "usage": usage}, False)]
+    events += [({**head, "choices": [text[0]], "usage": usage}, False)]  # vLLM continuous usage
+    events += [({"error": {"message": "x", "code": 500}}, False)]
+    for d in delta:
+        events.append(
+            ({**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}, True)
+        )
+    out = []
+    for ev, chat in events:
+        out += [(dumps(ev), chat), (json.dumps(ev).encode(), chat)]
+    return out
+
+
+def test_plain_token_event_agrees_with_parsing():
+    """The byte-level shortcut says "token, nothing else" only where the parse says the same,
+    and it takes kipp's own token chunks."""
+    from kipp_core.loadgen.client import Record, plain_token_event, read_event
+
+    fast_hits = 0
+    for payload, chat in _samples():
+        rec = Record(0)
+        slow = read_event(json.loads(payload), chat, rec)
+        if plain_token_event(payload, chat):
+            fast_hits += 1
+            assert slow and rec.output_tokens is None and rec.error is None, payload
+    # kipp's encoder: two completion token chunks and two chat content chunks
+    assert fast_hits == 4
