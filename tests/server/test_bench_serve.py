@@ -46,3 +46,14 @@ def test_bench_serve_against_kipp_serve(server, tmp_path, endpoint):
     assert run["total_input_tokens"] < served_prompt  # the warm-up's prompts count there too
     for key in ("median_ttft_ms", "p99_itl_ms", "mean_tpot_ms"):
         assert run[key] > 0
+
+
+def test_serving_overhead_bench_counts_every_token(tiny_path):
+    """kipp_core.server.bench (the README's served / offline figure) drives its served phase
+    through the load generator: 3 clients x 4 tokens each side."""
+    from kipp_core.llm import LLM
+    from kipp_core.server import bench
+
+    r = bench.run(LLM(str(tiny_path)), num_clients=3, prompt_len=8, max_tokens=4, repeats=1)
+    assert [n for n, _ in r["offline_runs"]] == [12] == [n for n, _ in r["served_runs"]]
+    assert r["ratio"] == r["served_tok_s"] / r["offline_tok_s"] > 0
