@@ -127,6 +127,9 @@ def _validate(args) -> None:
         raise _error("pass --request-rate or --sweep-rates, not both")
     if not 0 <= args.temperature <= 2 or args.request_timeout <= 0:
         raise _error("need 0 <= --temperature <= 2 and --request-timeout > 0")
+    for out in (args.json, args.markdown):
+        if out and not Path(out).resolve().parent.is_dir():
+            raise _error(f"cannot write {out}: no such directory")
     if args.prompt_format is None:
         args.prompt_format = "text" if args.endpoint == "chat" else "ids"
     if args.endpoint == "chat" and args.prompt_format == "ids":
@@ -159,6 +162,7 @@ def _bench(args, argv: list[str]) -> int:
     from kipp_core.bench import host
     from kipp_core.loadgen import LoadSpec, run_workload
 
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     models = fetch_models(args.url, args.api_key)
     model = args.model
     if model is None:
@@ -198,7 +202,7 @@ def _bench(args, argv: list[str]) -> int:
     )
     result = {
         "command": shlex.join(["kipp", "bench", "serve", *argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": date,
         "version": __version__,
         "url": args.url,
         "endpoint": spec.target,

@@ -94,7 +94,7 @@ def run_load(spec: LoadSpec, prompts: list, max_tokens: list[int], warmup=()) ->
         )
     from tqdm import tqdm
 
-    procs, conns = [], []
+    procs, conns, parts = [], [], None
     try:
         for share in _shares(spec, prompts, max_tokens, warmup):
             proc, conn = _start_client()
@@ -105,9 +105,11 @@ def run_load(spec: LoadSpec, prompts: list, max_tokens: list[int], warmup=()) ->
     finally:
         for conn in conns:
             conn.close()
-        for p in procs:
+        for p in procs:  # each has sent its records and is exiting; after a failure, stop them
+            if parts is None:
+                p.kill()
             try:
-                p.wait(timeout=5)
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

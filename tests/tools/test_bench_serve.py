@@ -183,6 +183,7 @@ def test_cli_run_and_sweep(fake, tmp_path, capsys):
         (["--endpoint", "chat", "--prompt-format", "ids"], "text prompts"),
         (["--client-procs", "3", "--num-requests", "2"], "--client-procs"),
         (["--url", "http://127.0.0.1:9"], "cannot read"),
+        (["--json", "/no/such/dir/r.json"], "cannot write"),
     ],
 )
 def test_cli_errors_exit_2_with_one_line(args, says, capsys):
