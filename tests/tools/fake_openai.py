@@ -17,7 +17,7 @@ from aiohttp import web
 
 FIRST_S = 0.1  # arrival to the first token
 GAP_S = 0.02  # between tokens
-MODES = {"no_usage": 1001, "http_429": 1002, "error_event": 1003, "drop": 1004}
+MODES = {"no_usage": 1001, "http_429": 1002, "error_event": 1003, "drop": 1004, "split": 1005}
 FAIL_AT = 2  # the token index at which error_event / drop happen
 
 
@@ -49,7 +49,12 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             request.transport.close()
             return resp
         choice = {"index": 0, "delta": {"content": f" t{k}"}} if chat else {"text": f" t{k}"}
-        await resp.write(_event({"choices": [{**choice, "finish_reason": None}]}))
+        ev = _event({"choices": [{**choice, "finish_reason": None}]})
+        if mode == MODES["split"]:  # the event in two network writes, cut inside the JSON
+            await resp.write(ev[:20])
+            await asyncio.sleep(0.002)
+            ev = ev[20:]
+        await resp.write(ev)
     fin = {"index": 0, "delta": {}} if chat else {"index": 0, "text": ""}
     await resp.write(_event({"choices": [{**fin, "finish_reason": "length"}]}))
     if mode != MODES["no_usage"] and body.get("stream_options", {}).get("include_usage"):

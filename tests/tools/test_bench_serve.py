@@ -80,6 +80,12 @@ def test_tokens_are_counted_from_chunks_without_usage(fake):
     assert list(result.records["prompt_tokens"]) == [-1, -1]
 
 
+def test_events_split_across_reads(fake):
+    result, s = _run(fake, [[MODES["split"], 5]] * 2)
+    assert s["completed"] == 2 and list(result.records["chunks"]) == [M, M]
+    assert s["total_output_tokens"] == 2 * M and s["tokens_from"] == "usage"
+
+
 def test_chat_ttft_waits_for_content(fake):
     """The chat stream's first chunk holds only the role: it is not the first token."""
     result, s = _run(fake, ["hello there"] * 2, endpoint="chat")
