@@ -2,8 +2,8 @@
 
 A server is KV-bound when the scheduler cannot run `max_num_seqs` sequences for want of blocks
 (it waits or preempts). The serving default gives every one of them room for SERVE_SEQ_TOKENS
-tokens (or max_model_len, if shorter): the issue-30 load (256 streams, prompt and output uniform
-in [100, 1,024]) then never waits for KV, and neither does vLLM's default random benchmark
+tokens (or max_model_len, if shorter): a load of 256 streams with prompt and output uniform in
+[100, 1,024] then never waits for KV, and neither does vLLM's default random benchmark
 (1,024 in, 128 out). Longer sequences still run (one full context always fits); they share the
 pool. The pool never takes more than SERVE_FRACTION of the memory free after the weights (vLLM's
 gpu_memory_utilization, though vLLM takes it of the whole card whatever the model). So a small
