@@ -22,7 +22,6 @@ from kipp_core.sampling import SamplingParams
 from kipp_core.workload import (  # noqa: F401 (MAX_ORDINARY_ID: peers import it from here)
     MAX_ORDINARY_ID,
     random_workload,
-    warmup_workload,
     workload_digest,
 )
 
@@ -110,7 +109,7 @@ def measure_throughput(
     which vLLM does at start-up (about 2 s of a 0.6B run on the H200, BENCHMARKS.md)."""
     lens = (min_len, max_len)
     if warmup:
-        items = warmup_workload(warmup, lens, lens, seed)
+        items = random_workload(warmup, lens, lens, seed, warmup=True)
         llm.generate(
             [w.prompt_token_ids for w in items],
             [_greedy(w.max_tokens) for w in items],

@@ -34,51 +34,32 @@ def _lengths(rng: np.random.Generator, n: int, lo_hi: tuple[int, int], name: str
     return rng.integers(lo, hi + 1, size=n)
 
 
-def _draw(
-    stream: int,
-    seed: int,
-    num_requests: int,
-    prompt_lens: tuple[int, int],
-    output_lens: tuple[int, int],
-    vocab: int,
-) -> list[WorkItem]:
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
-    if num_requests < 0:
-        raise ValueError(f"num_requests must be non-negative, got {num_requests}")
-    if not 1 <= vocab <= MAX_ORDINARY_ID:
-        raise ValueError(f"vocab must be in [1, {MAX_ORDINARY_ID}], got {vocab}")
-    rng = np.random.default_rng([seed, stream])
-    plen = _lengths(rng, num_requests, prompt_lens, "prompt length")
-    olen = _lengths(rng, num_requests, output_lens, "output length")
-    return [
-        WorkItem(rng.integers(0, vocab, size=int(p)).tolist(), int(o)) for p, o in zip(plen, olen)
-    ]
-
-
 def random_workload(
     num_requests: int,
     prompt_lens: tuple[int, int],
     output_lens: tuple[int, int],
     seed: int = 0,
     vocab: int = MAX_ORDINARY_ID,
+    warmup: bool = False,
 ) -> list[WorkItem]:
     """`num_requests` items, prompt and output lengths uniform in the inclusive ranges, prompt
-    ids uniform in [0, vocab)."""
-    return _draw(_WORKLOAD, seed, num_requests, prompt_lens, output_lens, vocab)
-
-
-def warmup_workload(
-    num_requests: int,
-    prompt_lens: tuple[int, int],
-    output_lens: tuple[int, int],
-    seed: int = 0,
-    vocab: int = MAX_ORDINARY_ID,
-) -> list[WorkItem]:
-    """Untimed requests of the same kind (at most WARMUP_MAX_TOKENS out): they compile the
-    kernel variants that mixed prefill and decode steps of random lengths first meet."""
-    items = _draw(_WARMUP, seed, num_requests, prompt_lens, output_lens, vocab)
-    return [WorkItem(w.prompt_token_ids, min(WARMUP_MAX_TOKENS, w.max_tokens)) for w in items]
+    ids uniform in [0, vocab). `warmup`: the untimed requests that go first instead (another
+    stream of the seed, at most WARMUP_MAX_TOKENS out); they compile the kernel variants that
+    mixed prefill and decode steps of random lengths first meet."""
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be non-negative, got {num_requests}")
+    if not 1 <= vocab <= MAX_ORDINARY_ID:
+        raise ValueError(f"vocab must be in [1, {MAX_ORDINARY_ID}], got {vocab}")
+    rng = np.random.default_rng([seed, _WARMUP if warmup else _WORKLOAD])
+    plen = _lengths(rng, num_requests, prompt_lens, "prompt length")
+    olen = _lengths(rng, num_requests, output_lens, "output length")
+    if warmup:
+        olen = np.minimum(olen, WARMUP_MAX_TOKENS)
+    return [
+        WorkItem(rng.integers(0, vocab, size=int(p)).tolist(), int(o)) for p, o in zip(plen, olen)
+    ]
 
 
 def workload_digest(items: list[WorkItem]) -> str:

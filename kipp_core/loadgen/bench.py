@@ -10,7 +10,7 @@ from kipp_core.loadgen.metrics import summarize
 from kipp_core.loadgen.report import load_label
 from kipp_core.loadgen.runner import run_load
 from kipp_core.loadgen.spec import LoadSpec
-from kipp_core.workload import random_workload, warmup_workload, workload_digest
+from kipp_core.workload import random_workload, workload_digest
 
 
 def run_workload(
@@ -33,7 +33,7 @@ def run_workload(
     def prompts(items):
         return [w.prompt_token_ids if decode is None else decode(w.prompt_token_ids) for w in items]
 
-    warm = warmup_workload(warmup_requests, prompt_lens, output_lens, seed, **kw)
+    warm = random_workload(warmup_requests, prompt_lens, output_lens, seed, warmup=True, **kw)
     warm_pairs = list(zip(prompts(warm), [w.max_tokens for w in warm]))
     runs = []
     for k, rate in enumerate(rates):

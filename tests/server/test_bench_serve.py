@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kipp_core.cli.main import main
-from kipp_core.workload import random_workload, warmup_workload
+from kipp_core.workload import random_workload
 from tests.server.conftest import Http, wait_idle
 
 
@@ -38,7 +38,7 @@ def test_bench_serve_against_kipp_serve(server, tmp_path, endpoint):
     want = sum(w.max_tokens for w in items)
     assert run["completed"] == n and run["errors"] == 0 and run["tokens_from"] == "usage"
     assert run["total_output_tokens"] == want and run["length_mismatches"] == 0
-    warm_tokens = sum(w.max_tokens for w in warmup_workload(warm, lens, outs, seed=7))
+    warm_tokens = sum(w.max_tokens for w in random_workload(warm, lens, outs, seed=7, warmup=True))
     assert _counter(server, "kipp_generation_tokens_total") - before == want + warm_tokens
     served_prompt = _counter(server, "kipp_prompt_tokens_total") - prompt_before
     if endpoint == "completions":  # token-id prompts arrive as they are

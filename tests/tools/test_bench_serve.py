@@ -22,7 +22,6 @@ from kipp_core.loadgen import LoadSpec, run_load, summarize
 from kipp_core.workload import (
     poisson_arrivals,
     random_workload,
-    warmup_workload,
     workload_digest,
 )
 from tests.tools.fake_openai import FIRST_S, GAP_S, MODES, FakeServer
@@ -137,7 +136,7 @@ def test_workload_is_pure_and_the_offline_benchmarks(monkeypatch):
     assert a != random_workload(5, (20, 40), (3, 9), seed=3, vocab=1000)
     assert all(20 <= len(w.prompt_token_ids) <= 40 and 3 <= w.max_tokens <= 9 for w in a)
     assert all(0 <= t < 1000 for w in a for t in w.prompt_token_ids)
-    warm = warmup_workload(4, (20, 40), (20, 40), seed=2)
+    warm = random_workload(4, (20, 40), (20, 40), seed=2, warmup=True)
     cold = random_workload(4, (20, 40), (20, 40), seed=2)
     assert all(w.max_tokens <= 16 for w in warm)
     assert not {tuple(w.prompt_token_ids) for w in warm} & {tuple(w.prompt_token_ids) for w in cold}
