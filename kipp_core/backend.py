@@ -78,6 +78,7 @@ class BackendOptions:
     block_size: int = 32
     num_blocks: int | None = None  # explicit KV pool size; else from kv_cache_memory
     kv_cache_memory: str | float | None = None  # "4GiB", "512MiB", or a fraction of free memory
+    kv_sizing: str = "offline"  # the default without either: "offline" or "serving" (kv_budget)
     quant: str | None = None  # "q8_0" | "affine4" | "affine8", applied at load
     kv_quant: str | None = None  # "q8_0"
     max_model_len: int | None = None

@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from kipp_core.sampling import SamplingParams
-
-MAX_ORDINARY_ID = 151643  # ids below <|endoftext|> are plain text tokens
+from kipp_core.workload import (  # noqa: F401 (MAX_ORDINARY_ID: peers import it from here)
+    MAX_ORDINARY_ID,
+    random_workload,
+    workload_digest,
+)
 
 
 @dataclass
@@ -97,27 +100,29 @@ def measure_decode(llm, batch_size: int, prompt_len: int, gen_len: int, rng) -> 
 
 
 def measure_throughput(
-    llm, num_requests: int, min_len: int, max_len: int, rng, warmup: int = 0
+    llm, num_requests: int, min_len: int, max_len: int, seed: int = 0, warmup: int = 0
 ) -> dict:
-    """vLLM's benchmark_throughput: N requests with random prompt and output lengths at once.
+    """vLLM's benchmark_throughput: N requests with random prompt and output lengths at once, the
+    workload `kipp bench serve` sends a server with the same seed (kipp_core.workload).
     `warmup` requests of the same kind (at most 16 tokens out) run first, untimed: they compile
     the Triton kernel variants that mixed prefill and decode steps of random lengths first meet,
     which vLLM does at start-up (about 2 s of a 0.6B run on the H200, BENCHMARKS.md)."""
+    lens = (min_len, max_len)
     if warmup:
-        lens = rng.integers(min_len, max_len + 1, size=(warmup, 2))
+        items = random_workload(warmup, lens, lens, seed, warmup=True)
         llm.generate(
-            [random_prompts(1, int(p), rng)[0] for p, _ in lens],
-            [_greedy(min(16, int(g))) for _, g in lens],
+            [w.prompt_token_ids for w in items],
+            [_greedy(w.max_tokens) for w in items],
             use_tqdm=False,
         )
-    lens = rng.integers(min_len, max_len + 1, size=(num_requests, 2))
-    prompts = [random_prompts(1, int(p), rng)[0] for p, _ in lens]
-    params = [_greedy(int(g)) for _, g in lens]
+    items = random_workload(num_requests, lens, lens, seed)
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(
+        [w.prompt_token_ids for w in items], [_greedy(w.max_tokens) for w in items], use_tqdm=False
+    )
     seconds = time.perf_counter() - t0
     out_tokens = sum(len(o.token_ids) for o in outs)
-    total = out_tokens + int(lens[:, 0].sum())
+    total = out_tokens + sum(len(w.prompt_token_ids) for w in items)
     return {
         "num_requests": num_requests,
         "requests_s": num_requests / seconds,
@@ -125,6 +130,7 @@ def measure_throughput(
         "output_tok_s": out_tokens / seconds,
         "seconds": seconds,
         "warmup_requests": warmup,
+        "workload_digest": workload_digest(items),
     }
 
 
@@ -215,7 +221,8 @@ def peak_memory(llm) -> dict:
     return {"peak_memory_bytes": rss if sys.platform == "darwin" else rss * 1024, "kind": "rss"}
 
 
-def hardware() -> dict:
+def host() -> dict:
+    """This machine's CPU and platform."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -224,13 +231,18 @@ def hardware() -> dict:
                 break
     except OSError:
         pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform()}
+
+
+def hardware() -> dict:
+    """host() and the visible GPUs."""
     gpu = None
     if importlib.util.find_spec("torch") is not None:
         import torch
 
         if torch.cuda.is_available():
             gpu = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+    return {**host(), "gpu": gpu}
 
 
 def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
@@ -260,7 +272,7 @@ def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
             spec.num_requests,
             spec.min_len,
             spec.max_len,
-            rng,
+            spec.seed,
             warmup=min(16, spec.num_requests) if spec.warmup else 0,
         )
         bar.update()

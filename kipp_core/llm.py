@@ -38,6 +38,7 @@ class LLM:
         block_size: int = 32,
         num_kv_blocks: int | None = None,
         kv_cache_memory: str | float | None = None,
+        kv_sizing: str = "offline",
         max_model_len: int | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
@@ -52,6 +53,8 @@ class LLM:
         speculative_model: str | None = None,
         num_speculative_tokens: int = 4,
     ):
+        if kv_sizing not in ("offline", "serving"):
+            raise ValueError(f"kv_sizing must be 'offline' or 'serving', got {kv_sizing!r}")
         path, entry = resolve_model(model)
         self.checkpoint = Checkpoint(path, entry)
         self.config = self.checkpoint.config
@@ -62,6 +65,7 @@ class LLM:
             block_size=block_size,
             num_blocks=num_kv_blocks,
             kv_cache_memory=kv_cache_memory,
+            kv_sizing=kv_sizing,
             quant=quant,
             kv_quant=kv_quant,
             max_model_len=max_model_len,

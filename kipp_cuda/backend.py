@@ -72,11 +72,21 @@ class ShardBackend:
         )
         per_block = kv_cache.bytes_per_block(cfg, self.block_size, dtype, opts.kv_quant, tp_size)
         if opts.num_blocks:
-            self.num_blocks = opts.num_blocks
+            self.num_blocks, why = opts.num_blocks, "num_kv_blocks"
         else:
-            self.num_blocks, _ = kv_cache.num_blocks_for(
-                opts.kv_cache_memory, cfg, self.block_size, dtype, opts.kv_quant, device, tp_size
+            kv = kv_cache.num_blocks_for(
+                opts.kv_cache_memory,
+                cfg,
+                self.block_size,
+                dtype,
+                opts.kv_quant,
+                device,
+                tp_size,
+                opts.kv_sizing,
+                opts.max_num_seqs,
+                max_len,
             )
+            self.num_blocks, why = kv.num_blocks, kv.why
         if tp_size > 1:  # every rank must hold the same block pool
             n = torch.tensor([self.num_blocks], device=device)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
@@ -107,7 +117,7 @@ class ShardBackend:
             self.num_hidden_slots = self.runner.num_hidden_slots
         log.info(
             "cuda backend on %s (%s%s): weights %.2f GiB, KV budget %.2f GiB = %d blocks of "
-            "%d (%s), max %d concurrent tokens; ready in %.1f s%s",
+            "%d (%s), max %d concurrent tokens (%s); ready in %.1f s%s",
             device,
             str(dtype).replace("torch.", ""),
             f", {opts.quant}" if opts.quant else "",
@@ -117,6 +127,7 @@ class ShardBackend:
             self.block_size,
             opts.kv_quant or "unquantized",
             capacity,
+            why,
             time.perf_counter() - t0,
             f", {len(self.runner.graphs)} CUDA graphs" if use_graphs else "",
         )

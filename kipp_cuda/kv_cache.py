@@ -8,6 +8,7 @@ import re
 import torch
 
 from kipp_core.config import ModelConfig
+from kipp_core.kv_budget import KVBudget, serving_budget
 from kipp_cuda.attention import LayerKV
 from kipp_cuda.kernels.block_copy import copy_block as copy_store_block
 
@@ -69,13 +70,16 @@ def num_blocks_for(
     kv_quant: str | None,
     device: torch.device,
     tp_size: int = 1,
-) -> tuple[int, int]:
-    """(num_blocks, budget bytes) from the user's budget, or the modest default."""
+    sizing: str = "offline",
+    max_num_seqs: int = 256,
+    max_model_len: int | None = None,
+) -> KVBudget:
+    """The pool for the user's budget; else the serving default (kipp_core.kv_budget) with
+    sizing "serving", or the modest offline one: DEFAULT_FRACTION of free memory, at most
+    DEFAULT_CAP (2 GiB on a CPU device)."""
     per = bytes_per_block(cfg, block_size, dtype, kv_quant, tp_size)
     free = free_memory(device)
-    if budget is None:
-        nbytes = min(DEFAULT_FRACTION * free, DEFAULT_CAP if device.type == "cuda" else 2 * 2**30)
-    else:
+    if budget is not None:
         kind, v = parse_memory(budget)
         nbytes = v * free if kind == "fraction" else v
         if nbytes > free:
@@ -83,7 +87,21 @@ def num_blocks_for(
                 f"KV budget of {nbytes / 2**30:.2f} GiB exceeds the "
                 f"{free / 2**30:.2f} GiB free on {device}"
             )
-    return max(1, int(nbytes // per)), int(nbytes)
+        n = max(1, int(nbytes // per))
+        asked = f"{v:g} of the {free / 2**30:.1f} GiB free" if kind == "fraction" else budget
+        return KVBudget(n, n * per, f"kv_cache_memory {asked}")
+    if sizing == "serving":
+        max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        return serving_budget(int(free), per, block_size, max_num_seqs, max_len)
+    if sizing != "offline":
+        raise ValueError(f"kv_sizing must be 'offline' or 'serving', got {sizing!r}")
+    cap = DEFAULT_CAP if device.type == "cuda" else 2 * 2**30
+    n = max(1, int(min(DEFAULT_FRACTION * free, cap) // per))
+    why = (
+        f"offline default: {DEFAULT_FRACTION:.0%} of the {free / 2**30:.1f} GiB free, "
+        f"at most {cap / 2**30:.0f} GiB"
+    )
+    return KVBudget(n, n * per, why)
 
 
 def allocate(

@@ -20,6 +20,7 @@ EPILOG = """examples:
   kipp bench --random-weights qwen3-32b --backend cuda --quant q8_0 --num-requests 256
   kipp bench --model qwen3-4b --backend mlx --peers mlx-lm --prefix-len 4096 --chat-turns 8
   kipp bench --kernels --json kernels.json
+  kipp bench serve --url http://127.0.0.1:8000 --concurrency 256   (kipp bench serve --help)
 
 Prefill tok/s: B prompts of --prompt-len tokens with one output token each. Decode tok/s: tokens
 made after every request of the batch has its first one, over the time since. TTFT: from arrival
@@ -101,6 +102,10 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"]:  # the load generator against a running server
+        from kipp_core.cli.bench_serve import main as serve_main
+
+        return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
     from kipp_core import bench
 

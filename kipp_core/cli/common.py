@@ -48,7 +48,9 @@ def add_model_args(p: argparse.ArgumentParser, backend_default: str = "auto") ->
     g.add_argument(
         "--kv-cache-memory",
         default=None,
-        help="KV cache budget: '8GiB', '512MiB' or a fraction of free memory ('0.3')",
+        help="KV cache budget: '8GiB', '512MiB' or a fraction of free memory ('0.3'); default "
+        "(cuda): kipp serve room for --max-num-seqs x 2,048 tokens within 90%% of free memory, "
+        "else 30%% of free memory up to 16 GiB",
     )
     g.add_argument("--max-model-len", type=int, default=None, help="context limit (tokens)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences per step")

@@ -49,7 +49,8 @@ def build_parser() -> Parser:
 
 def _loader(args):
     def load():
-        return load_llm(args, max_waiting=args.max_waiting)
+        # A server sizes its KV cache for its concurrent streams (kipp_core.kv_budget).
+        return load_llm(args, max_waiting=args.max_waiting, kv_sizing="serving")
 
     return load
 

@@ -3,22 +3,20 @@ offline through `LLM.generate` on the same engine.
 
     python -m kipp_core.server.bench --model kipp-tiny --backend oracle --clients 32
 
-The clients run in a separate process (this module with --drive) so that they do not compete with
-the server for the GIL.
+The clients are kipp_core.loadgen's (`kipp bench serve`), in a process of their own, so that they
+do not compete with the server for the GIL.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import subprocess
-import sys
 import time
 
 import numpy as np
 
 from kipp_core.llm import LLM
+from kipp_core.loadgen import LoadSpec, run_load, summarize
 from kipp_core.sampling import SamplingParams
 from kipp_core.server.context import ServerConfig
 from kipp_core.server.server import APIServer, ServerThread
@@ -27,34 +25,6 @@ from kipp_core.server.server import APIServer, ServerThread
 def _prompts(num: int, length: int, seed: int, vocab: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, size=length).tolist() for _ in range(num)]
-
-
-async def _client(session, url: str, body: dict) -> int:
-    """Stream one completion; returns its completion tokens (from the usage chunk)."""
-    tokens = 0
-    async with session.post(url, json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.content:
-            if b'"usage":{' in line:  # parse only the usage chunk: the client stays cheap
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-    return tokens
-
-
-async def _drive_async(url: str, bodies: list[dict]) -> tuple[int, float]:
-    import aiohttp
-
-    limit = aiohttp.TCPConnector(limit=len(bodies))
-    async with aiohttp.ClientSession(connector=limit) as session:
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(_client(session, url, b) for b in bodies))
-        return sum(counts), time.perf_counter() - t0
-
-
-def _drive_in_subprocess(url: str, bodies: list[dict]) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "kipp_core.server.bench", "--drive", url]
-    out = subprocess.run(cmd, input=json.dumps(bodies), capture_output=True, text=True, check=True)
-    r = json.loads(out.stdout)
-    return r["tokens"], r["seconds"]
 
 
 def _offline(llm: LLM, prompts: list[list[int]], kw: dict) -> tuple[int, float]:
@@ -66,9 +36,12 @@ def _offline(llm: LLM, prompts: list[list[int]], kw: dict) -> tuple[int, float]:
 
 
 def _served(url: str, prompts: list[list[int]], kw: dict) -> tuple[int, float]:
-    usage = {"stream": True, "stream_options": {"include_usage": True}}
-    bodies = [{"prompt": p, "seed": i, **usage, **kw} for i, p in enumerate(prompts)]
-    return _drive_in_subprocess(url + "/v1/completions", bodies)
+    spec = LoadSpec(url=url, model=None, temperature=kw["temperature"], progress=False)
+    result = run_load(spec, prompts, [kw["max_tokens"]] * len(prompts))
+    summary = summarize(result, [len(p) for p in prompts], [kw["max_tokens"]] * len(prompts))
+    if summary["errors"]:
+        raise RuntimeError(f"served requests failed: {summary['error_kinds']}")
+    return summary["total_output_tokens"], result.duration
 
 
 def run(
@@ -123,12 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--drive", metavar="URL", help=argparse.SUPPRESS)  # the client process
     args = p.parse_args(argv)
-    if args.drive:
-        tokens, seconds = asyncio.run(_drive_async(args.drive, json.load(sys.stdin)))
-        print(json.dumps({"tokens": tokens, "seconds": seconds}))
-        return 0
     llm = LLM(args.model, backend=args.backend)
     r = run(llm, args.clients, args.prompt_len, args.max_tokens, args.temperature, args.repeats)
     print(json.dumps(r, indent=2))

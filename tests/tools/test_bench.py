@@ -91,7 +91,7 @@ def test_throughput_warmup_is_untimed_and_of_the_same_kind():
             calls.append(([len(p) for p in prompts], [sp.max_tokens for sp in params]))
             return [type("O", (), {"token_ids": [0] * sp.max_tokens})() for sp in params]
 
-    r = bench.measure_throughput(FakeLLM(), 5, 20, 40, np.random.default_rng(0), warmup=3)
+    r = bench.measure_throughput(FakeLLM(), 5, 20, 40, seed=0, warmup=3)
     (wl, wt), (pl, pt) = calls
     assert len(wl) == 3 and all(20 <= n <= 40 for n in wl) and all(t <= 16 for t in wt)
     assert len(pl) == 5 and all(20 <= n <= 40 for n in pl) and max(pt) > 16
