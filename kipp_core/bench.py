@@ -295,8 +295,11 @@ def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
 PEERS = {"transformers": "kipp_cuda.peer", "mlx-lm": "kipp_mlx.peer"}
 
 
-def run_peer(name: str, model_path, spec: BenchSpec, dtype: str | None, device: str) -> dict:
-    """Measure one peer; {"name", "skipped": reason} when it is not installed or has no helper."""
+def run_peer(
+    name: str, model_path, spec: BenchSpec, dtype: str | None, device: str, quant: str | None = None
+) -> dict:
+    """Measure one peer; {"name", "skipped": reason} when it is not installed or has no helper.
+    mlx-lm quantizes the float checkpoint as `quant` asks and runs the throughput workload too."""
     if name not in PEERS:
         raise ValueError(f"unknown peer {name!r}: choose from {', '.join(PEERS)}")
     pkg = {"transformers": "transformers", "mlx-lm": "mlx_lm"}[name]
@@ -315,6 +318,15 @@ def run_peer(name: str, model_path, spec: BenchSpec, dtype: str | None, device: 
     )
     if name == "transformers":
         kw["device"] = device
+        if quant is not None:
+            return {"name": name, "skipped": f"the transformers peer runs no {quant!r} weights"}
+    else:
+        kw.update(
+            quant=quant,
+            num_requests=spec.num_requests,
+            min_len=spec.min_len,
+            max_len=spec.max_len,
+        )
     if hasattr(module, "measure"):
         return module.measure(str(model_path), **kw)
     return {"name": name, "skipped": f"{PEERS[name]} has no measure()"}
@@ -364,6 +376,12 @@ def to_markdown(result: dict) -> str:
             f"{t['requests_s']:.2f} req/s, {t['total_tok_s']:.1f} tok/s total, "
             f"{t['output_tok_s']:.1f} output tok/s.",
         ]
+    for p in result.get("peers", []):
+        if "throughput" in p:
+            lines.append(
+                f"{p['name']} on the same workload: {p['throughput']['output_tok_s']:.1f} "
+                "output tok/s."
+            )
     if "prefix_cache" in result:
         c = result["prefix_cache"]
         lines += [

@@ -14,8 +14,10 @@ import time
 
 import numpy as np
 
+VOCAB = 151_000  # prompt ids are drawn below this: ordinary text tokens
 
-def random_prompt(num_tokens: int, seed: int = 0, vocab: int = 151_000) -> list[int]:
+
+def random_prompt(num_tokens: int, seed: int = 0, vocab: int = VOCAB) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, size=num_tokens).tolist()
 
 
@@ -57,7 +59,10 @@ class KippRunner:
         self._n += 1
         eng.add_request(f"bench-{self._n}", self.prompt, self.params)
         t0 = time.perf_counter()
-        eng.step()  # the whole prompt (max_num_batched_tokens >= prompt_len) and its first token
+        # the whole prompt (max_num_batched_tokens >= prompt_len) and its first token; with async
+        # scheduling the step that queues the prompt returns before its token is known
+        while not any(o.outputs[0].token_ids for o in eng.step()):
+            pass
         t1 = time.perf_counter()
         while eng.has_unfinished_requests():
             eng.step()

@@ -106,9 +106,9 @@ def use_cpu_layout(model: nn.Module, tied: bool, upcast: bool | None = None) -> 
         parts,
     )
     for path, m in list(model.named_modules()):
-        if type(m) is nn.Linear:
+        if isinstance(m, nn.Linear):
             set_module(model, path, TransposedLinear(m.weight, store, parts))
-        elif type(m) is nn.Embedding and tied:
+        elif isinstance(m, nn.Embedding) and tied:
             set_module(model, path, TransposedEmbedding(m.weight, store, parts))
         else:
             continue

@@ -158,7 +158,9 @@ def main(argv: list[str]) -> int:
 
         torch.cuda.empty_cache()
     device = "cuda" if backend == "cuda" else "cpu"
-    result["peers"] = [bench.run_peer(n, model_path, spec, args.dtype, device) for n in peers]
+    result["peers"] = [
+        bench.run_peer(n, model_path, spec, args.dtype, device, args.quant) for n in peers
+    ]
     bench.check_no_fallbacks()
     from kipp_core import __version__
 

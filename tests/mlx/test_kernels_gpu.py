@@ -1,0 +1,119 @@
+"""The MLX custom kernels against their references, where MLX runs on a GPU (Metal, or MLX's CUDA
+build): awkward shapes in every dtype, and every kernel's probe at every registry shape with
+kernels required. Skipped, saying why, where MLX runs on the CPU."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from kipp_core import fastpath
+from kipp_core.registry import REGISTRY
+from kipp_mlx.kernels import add_rms_norm as an
+from kipp_mlx.kernels import affine_gemv as ag
+from kipp_mlx.kernels import decode_attention as da
+from kipp_mlx.kernels import dense_gemv as dg
+from kipp_mlx.kernels import ladder
+from kipp_mlx.kernels import qk_norm_rope as qr
+from kipp_mlx.kernels import swiglu as sw
+
+pytestmark = pytest.mark.skipif(
+    ladder.gpu_kind() is None,
+    reason="custom kernels need MLX on Metal or CUDA; this MLX runs on the CPU",
+)
+DTYPES = [mx.float32, mx.bfloat16, mx.float16]
+
+
+def kind():
+    return ladder.gpu_kind()
+
+
+def close(got, want, dtype):
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    atol, rtol = ladder.tolerance(dtype)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(
+            np.array(g.astype(mx.float32)), np.array(w.astype(mx.float32)), atol=atol, rtol=rtol
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape,lens",
+    [
+        ((8, 2, 128, 32), (1, 35, 287)),
+        ((16, 8, 64, 16), (5000,)),
+        ((32, 8, 128, 32), (1, 2048, 100, 700)),
+        ((64, 8, 128, 32), (33,)),
+        ((5, 5, 32, 3), (7, 1, 40)),
+    ],
+)
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_attention_matches_ref(dtype, shape, lens, splits):
+    args = da.probe_inputs(*shape, dtype, seed=7, lens=lens)
+    got = da.decode_attention(*args, kind=kind(), max_context=max(lens), splits=splits)
+    close(got, da.decode_attention_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 32), (40, 8, 128)])
+def test_qk_norm_rope_matches_ref(dtype, heads, kv_heads, head_dim):
+    args = qr.probe_inputs(heads, kv_heads, head_dim, dtype, seed=3)
+    close(qr.qk_norm_rope(*args, kind=kind()), qr.qk_norm_rope_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 1024, 5120])
+def test_add_rms_norm_matches_ref(dtype, hidden):
+    args = an.probe_inputs(hidden, dtype, seed=hidden)
+    close(an.add_rms_norm(*args, kind=kind()), an.add_rms_norm_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_matches_ref(dtype):
+    args = sw.probe_inputs(dtype, seed=1)
+    close(sw.swiglu(*args, kind=kind()), sw.swiglu_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("config", [None, (1, 8), (4, 4)])
+def test_affine_gemv_matches_ref(dtype, bits, rows, config):
+    rng = np.random.default_rng(rows + bits)
+    w = mx.array(rng.standard_normal((1823, 768)).astype(np.float32)).astype(dtype)
+    q = mx.quantize(w, group_size=32, bits=bits)
+    x = mx.array(rng.standard_normal((rows, 768)).astype(np.float32)).astype(dtype)
+    got = ag.affine_gemv(x, *q, bits, kind=kind(), config=config)
+    close(got, ag.affine_gemv_ref(x, *q, bits), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_dense_gemv_matches_ref(dtype, rows):
+    rng = np.random.default_rng(rows)
+    w = mx.array(rng.standard_normal((1823, 781 - 781 % 8)).astype(np.float32)).astype(dtype)
+    x = mx.array(rng.standard_normal((rows, w.shape[1])).astype(np.float32)).astype(dtype)
+    close(dg.dense_gemv(x, w, kind=kind()), dg.dense_gemv_ref(x, w), dtype)
+
+
+@pytest.mark.parametrize("name", sorted({e.name for e in REGISTRY.values()}))
+def test_every_kernel_passes_its_probe_at_registry_shapes(name, monkeypatch):
+    """With kernels required, choosing them at a registry shape in bf16 raises on any fallback."""
+    monkeypatch.setenv("KIPP_MLX_REQUIRE_KERNELS", "1")
+    fastpath.clear_fallbacks()
+    cfg = next(e.config for e in REGISTRY.values() if e.name == name)
+    k = ladder.model_kernels(cfg, 32, mx.bfloat16)
+    assert k.decode_attention is not None
+    assert k.qk_norm_rope is not qr.qk_norm_rope_ref and k.add_rms_norm is not an.add_rms_norm_ref
+    for bits in (4, 8):
+        ladder.choose(
+            "affine_gemv",
+            lambda *a: ag.affine_gemv(*a, kind=kind()),
+            ag.affine_gemv_ref,
+            lambda bits=bits: ag.probe_inputs(mx.bfloat16, bits),
+            *ladder.tolerance(mx.bfloat16),
+        )
+    assert not fastpath.fallbacks()
