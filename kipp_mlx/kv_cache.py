@@ -103,7 +103,7 @@ class PagedKVCache:
         """kv: [T, 2, num_kv_heads, head_dim] (K, V) for the slots in slot_mapping [T]."""
         if not self.kv_quant:
             p = self.kv[layer]
-            p[slot_mapping] = kv.astype(self.dtype)
+            p[slot_mapping] = kv if kv.dtype == self.dtype else kv.astype(self.dtype)
             self.kv[layer] = p
             return
         for pools, x in ((self.k, kv[:, 0]), (self.v, kv[:, 1])):

@@ -153,11 +153,13 @@ def _quantize(model, ckpt, targets, dtype, scheme, bits, group_size, on_disk) ->
                     f"quant {scheme!r} needs rows divisible by {group_size}; "
                     f"{path}.weight has {w.shape[-1]}"
                 )
-            parts = list(
-                quantize_q8_0(w)
-                if scheme == "q8_0"
-                else mx.quantize(w, group_size=group_size, bits=bits)
-            )
+            # float32 models quantize on the CPU, whose rounding kipp_core.quant follows exactly
+            with mx.stream(mx.cpu if dtype == mx.float32 else mx.default_device()):
+                parts = list(
+                    quantize_q8_0(w)
+                    if scheme == "q8_0"
+                    else mx.quantize(w, group_size=group_size, bits=bits)
+                )
         if scheme == "q8_0":
             parts = list(q8_0_to_affine8(*parts))
         elif mx.default_device() == mx.cpu:

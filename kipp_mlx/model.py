@@ -38,34 +38,6 @@ class Kernels:
     swiglu: object = swiglu_ref
 
 
-class Linear(nn.Linear):
-    """nn.Linear without a bias whose few-row products (decode) may go to a GEMV kernel."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=False)
-        self.gemv = None  # fn(x, weight), set by the loader when the ladder accepted one
-        self.gemv_rows = 0  # x rows up to which it is used
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if self.gemv is not None and x.shape[0] <= self.gemv_rows:
-            return self.gemv(x, self.weight)
-        return x @ self.weight.T
-
-
-class Embedding(nn.Embedding):
-    """nn.Embedding whose tied head (`as_linear`) may go to the GEMV kernel in decode."""
-
-    def __init__(self, num_embeddings: int, dims: int):
-        super().__init__(num_embeddings, dims)
-        self.gemv = None
-        self.gemv_rows = 0
-
-    def as_linear(self, x: mx.array) -> mx.array:
-        if self.gemv is not None and x.shape[0] <= self.gemv_rows:
-            return self.gemv(x, self.weight)
-        return x @ self.weight.T
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -76,8 +48,8 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
         h = cfg.hidden_size
-        self.qkv_proj = Linear(h, cfg.q_size + 2 * cfg.kv_size)
-        self.o_proj = Linear(cfg.q_size, h)
+        self.qkv_proj = nn.Linear(h, cfg.q_size + 2 * cfg.kv_size, bias=False)
+        self.o_proj = nn.Linear(cfg.q_size, h, bias=False)
         # One head_dim weight shared by all heads, applied per head before RoPE.
         self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
@@ -103,8 +75,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def __call__(self, x: mx.array, step: StepInputs) -> mx.array:
         return self.down_proj(step.kernels.swiglu(self.gate_up_proj(x)))
@@ -141,7 +113,7 @@ class DecoderLayer(nn.Module):
 class Qwen3Model(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.eps = cfg.rms_norm_eps
@@ -162,7 +134,7 @@ class Model(nn.Module):
         self.config = cfg
         self.model = Qwen3Model(cfg)
         if not cfg.tie_word_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         n = max_positions or cfg.max_position_embeddings
         self._step = StepInputs(Kernels(), rope_table(n, cfg.head_dim, cfg.rope_theta))
 

@@ -62,6 +62,10 @@ class AffineLinear(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         if self.gemv is not None and x.shape[0] <= self.gemv_rows:
             return self.gemv(x, self.weight, self.scales, self.biases, self.bits)
+        if x.dtype == mx.float32 and mx.default_device() == mx.gpu:
+            # a float32 model computes in float32: MLX's GPU quantized GEMM may not
+            w = mx.dequantize(self.weight, self.scales, self.biases, self.group_size, self.bits)
+            return x @ w.T
         xs = x.astype(mx.float32) if self.scales.dtype == mx.float32 else x
         y = mx.quantized_matmul(
             xs,

@@ -92,6 +92,7 @@ _METAL = """
 """
 
 _built: dict[str, object] = {}
+_eps: dict[float, mx.array] = {}  # one device scalar an eps, not one upload a call
 
 
 def _kernel(kind: str):
@@ -111,9 +112,13 @@ def add_rms_norm(
     T, H = x.shape
     if r.shape != x.shape or weight.shape != (H,) or H % (16 // x.dtype.size):
         raise ValueError(f"add_rms_norm: x {x.shape}, r {r.shape}, weight {weight.shape}")
+    if eps not in _eps:
+        _eps[eps] = mx.array([eps], mx.float32)
+    if r.dtype != x.dtype or weight.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm: x {x.dtype}, r {r.dtype}, weight {weight.dtype} differ")
     return tuple(
         _kernel(kind)(
-            inputs=[x, r.astype(x.dtype), weight.astype(x.dtype), mx.array([eps], mx.float32)],
+            inputs=[x, r, weight, _eps[eps]],
             template=[("T", x.dtype), ("H", H)],
             grid=(T * THREADS, 1, 1),
             threadgroup=(THREADS, 1, 1),

@@ -5,8 +5,9 @@ launches) and `affine_gemv_ref` (mx.quantized_matmul in float32). Layout, as mx.
 w uint32 [N, K * bits / 32] (element j of a row at bits (j % (32 / bits)) * bits of word
 j / (32 / bits)), scales and biases [N, K / 32]; W[n, j] = scale * q + bias.
 
-A warp takes ROWS rows of W and all M rows of x; lane l takes groups l, l + 32, ... of K. Each
-group's 32 weights are one (4-bit) or two (8-bit) 16-byte loads, read once for all M rows of x.
+A warp takes ROWS rows of W and all M rows of x; lane l takes groups l, l + 32, ... of K, UNROLL
+of them a pass with every weight load of the pass issued first (more bytes in flight a warp).
+Each group's 32 weights are one (4-bit) or two (8-bit) 16-byte loads, read once for all M rows.
 A weight becomes an exact float32 by or-ing it into the mantissa of 2^23 and subtracting 2^23;
 the products are summed in float32, and each group adds scale * sum(x q) + bias * sum(x) once.
 """
@@ -19,12 +20,14 @@ import numpy as np
 GROUP_SIZE = 32
 MAX_ROWS_X = 8  # wider inputs (prefill) go to mx.quantized_matmul, a tiled GEMM
 DEFAULT_CONFIG = (2, 4)  # (ROWS a warp, WARPS a block)
+UNROLL = 4  # groups a lane loads before it uses them: 4 covers a 4,096-wide row in one pass
 
 # x [MM, K] T; w [N, K * BITS / 32] uint32; scales, biases [N, K / 32] S; out [MM, N] T
 _CUDA = """
     constexpr int WPG = BITS;  // uint32 words a group of 32 weights
     constexpr int PER_WORD = 32 / BITS;
     constexpr unsigned MASK = (1u << BITS) - 1u;
+    constexpr int XV = 16 / sizeof(T);  // elements of x in a 16-byte load
     const int K = x_shape[1];
     const int N = w_shape[0];
     const int G = K / 32;
@@ -34,43 +37,58 @@ _CUDA = """
     if (row0 >= N) return;
     float acc[ROWS][MM];
     for (int r = 0; r < ROWS; r++) for (int m = 0; m < MM; m++) acc[r][m] = 0.0f;
-    for (int g = lane; g < G; g += 32) {
-        uint32_t wv[ROWS][WPG];
-        float sc[ROWS], bi[ROWS];
-        for (int r = 0; r < ROWS; r++) {
-            const int row = min(row0 + r, N - 1);  // rows past N compute row N - 1, unwritten
-            const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)row * wpr + g * WPG);
-            for (int i = 0; i < WPG / 4; i++) {
-                const uint4 u = wp[i];
-                wv[r][4 * i] = u.x; wv[r][4 * i + 1] = u.y;
-                wv[r][4 * i + 2] = u.z; wv[r][4 * i + 3] = u.w;
-            }
-            sc[r] = static_cast<float>(scales[(size_t)row * G + g]);
-            bi[r] = static_cast<float>(biases[(size_t)row * G + g]);
-        }
-        for (int m = 0; m < MM; m++) {
-            float xf[32];
-            float xsum = 0.0f;
-            constexpr int XV = 16 / sizeof(T);  // elements of x in a 16-byte load
-            const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)m * K + g * 32);
-            for (int i = 0; i < 32 / XV; i++) {
-                const uint4 u = xp[i];
-                const T* e = reinterpret_cast<const T*>(&u);
-                for (int j = 0; j < XV; j++) {
-                    xf[XV * i + j] = static_cast<float>(e[j]);
-                    xsum += xf[XV * i + j];
-                }
-            }
+    // UNROLL groups a lane per pass: all their weight loads are issued before any is used
+    for (int g0 = lane; g0 < G; g0 += 32 * UNROLL) {
+        uint32_t wv[UNROLL][ROWS][WPG];
+        float sc[UNROLL][ROWS], bi[UNROLL][ROWS];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int g = min(g0 + 32 * u, G - 1);  // past G: a repeated group, not summed
+#pragma unroll
             for (int r = 0; r < ROWS; r++) {
-                float dot = 0.0f;
-                for (int k = 0; k < WPG; k++) {
-                    const uint32_t word = wv[r][k];
-                    for (int i = 0; i < PER_WORD; i++) {
-                        const uint32_t qb = ((word >> (BITS * i)) & MASK) | 0x4B000000u;
-                        dot += xf[k * PER_WORD + i] * (__uint_as_float(qb) - 8388608.0f);
+                const int row = min(row0 + r, N - 1);  // rows past N compute row N - 1, unwritten
+                const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)row * wpr + g * WPG);
+#pragma unroll
+                for (int i = 0; i < WPG / 4; i++) {
+                    const uint4 v = wp[i];
+                    wv[u][r][4 * i] = v.x; wv[u][r][4 * i + 1] = v.y;
+                    wv[u][r][4 * i + 2] = v.z; wv[u][r][4 * i + 3] = v.w;
+                }
+                sc[u][r] = static_cast<float>(scales[(size_t)row * G + g]);
+                bi[u][r] = static_cast<float>(biases[(size_t)row * G + g]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int g = g0 + 32 * u;
+            if (g >= G) break;
+            for (int m = 0; m < MM; m++) {
+                float xf[32];
+                float xsum = 0.0f;
+                const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)m * K + g * 32);
+#pragma unroll
+                for (int i = 0; i < 32 / XV; i++) {
+                    const uint4 v = xp[i];
+                    const T* e = reinterpret_cast<const T*>(&v);
+                    for (int j = 0; j < XV; j++) {
+                        xf[XV * i + j] = static_cast<float>(e[j]);
+                        xsum += xf[XV * i + j];
                     }
                 }
-                acc[r][m] += sc[r] * dot + bi[r] * xsum;
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < WPG; k++) {
+                        const uint32_t word = wv[u][r][k];
+#pragma unroll
+                        for (int i = 0; i < PER_WORD; i++) {
+                            const uint32_t qb = ((word >> (BITS * i)) & MASK) | 0x4B000000u;
+                            dot += xf[k * PER_WORD + i] * (__uint_as_float(qb) - 8388608.0f);
+                        }
+                    }
+                    acc[r][m] += sc[u][r] * dot + bi[u][r] * xsum;
+                }
             }
         }
     }
@@ -184,6 +202,7 @@ def affine_gemv(
             ("MM", M),
             ("ROWS", rows),
             ("WARPS", warps),
+            ("UNROLL", UNROLL),
         ],
         grid=(-(-N // per_block) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),

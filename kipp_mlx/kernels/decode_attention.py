@@ -312,6 +312,7 @@ _METAL_MERGE = """
 
 _INPUTS = ["q", "kv_pool", "block_tables", "context_lens", "scale"]
 _built: dict[tuple[str, str], object] = {}
+_scales: dict[float, mx.array] = {}  # one device scalar a scale, not one upload a call
 
 
 def _kernel(kind: str, which: str):
@@ -363,27 +364,25 @@ def decode_attention(
         or HQ % HKV
         or kv_pool.dtype != q.dtype
         or q.dtype not in (mx.bfloat16, mx.float16, mx.float32)
+        or block_tables.dtype != mx.int32
+        or context_lens.dtype != mx.int32
         or D % vec
         or 128 % (D // vec)
         or HQ // HKV > 8
     ):
         raise ValueError(
-            f"decode_attention needs a pool [slots, 2, Hkv, D] of q's dtype, Hq a multiple of Hkv "
-            f"(at most 8 times), and 128 a multiple of D / (16 / itemsize); got q {q.shape} "
-            f"{q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}"
+            f"decode_attention needs a pool [slots, 2, Hkv, D] of q's dtype, int32 tables and "
+            f"lengths, Hq a multiple of Hkv (at most 8 times), and 128 a multiple of D / (16 / "
+            f"itemsize); got q {q.shape} {q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}"
         )
     if max_context is None:
         max_context = block_tables.shape[1] * block_size
     S = splits or num_splits(B, HKV, max_context, block_size)
     out_dtype = q.dtype if S == 1 else mx.float32
+    if scale not in _scales:
+        _scales[scale] = mx.array([scale], dtype=mx.float32)
     o_part, ml = _kernel(kind, "attention")(
-        inputs=[
-            q,
-            kv_pool,
-            block_tables.astype(mx.int32),
-            context_lens.astype(mx.int32),
-            mx.array([scale], dtype=mx.float32),
-        ],
+        inputs=[q, kv_pool, block_tables, context_lens, _scales[scale]],
         template=[
             ("T", q.dtype),
             ("D", D),
@@ -466,8 +465,8 @@ def probe_inputs(
     return (
         mx.array(q).astype(dtype),
         mx.array(kv).astype(dtype),
-        mx.array(tables),
-        mx.array(lens_np),
+        mx.array(tables, dtype=mx.int32),
+        mx.array(lens_np, dtype=mx.int32),
         head_dim**-0.5,
         block_size,
     )

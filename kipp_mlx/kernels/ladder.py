@@ -135,21 +135,14 @@ def model_kernels(cfg, block_size: int, dtype):
 
 
 def attach(model: nn.Module, cfg, dtype, block_size: int) -> None:
-    """Choose the model's kernels and put them on it: the step's kernels, and the decode GEMVs on
-    every dense and affine linear (and a tied head)."""
+    """Choose the model's kernels and put them on it: the step's kernels, and the decode GEMV on
+    every affine-quantized linear (and a quantized tied head). Dense linears keep MLX's own
+    matmul, which was faster at M = 1 on an H200 than a plain CUDA GEMV (BENCHMARKS.md)."""
     from kipp_mlx.kernels import affine_gemv as ag
-    from kipp_mlx.kernels import dense_gemv as dg
-    from kipp_mlx.model import Embedding, Linear
     from kipp_mlx.quant import AffineLinear
 
     model.set_kernels(model_kernels(cfg, block_size, dtype))
-    mods = [m for _, m in model.named_modules()]
-    dense = [m for m in mods if isinstance(m, (Linear, Embedding))]
-    affine = [m for m in mods if isinstance(m, AffineLinear)]
-    choices = []
-    if dense:
-        fn = _pick("dense_gemv", dg, dtype, lambda: dg.probe_inputs(dtype))
-        choices.append((dense, None if fn is dg.dense_gemv_ref else fn, dg.MAX_ROWS_X))
+    affine = [m for _, m in model.named_modules() if isinstance(m, AffineLinear)]
     for bits in sorted({m.bits for m in affine}):
         fn = _pick(
             "affine_gemv",
@@ -159,7 +152,6 @@ def attach(model: nn.Module, cfg, dtype, block_size: int) -> None:
             None if {m.group_size for m in affine} == {ag.GROUP_SIZE} else "group size not 32",
         )
         fast = None if fn is ag.affine_gemv_ref else fn
-        choices.append(([m for m in affine if m.bits == bits], fast, ag.MAX_ROWS_X))
-    for modules, fn, rows in choices:
-        for m in modules:
-            m.gemv, m.gemv_rows = fn, (rows if fn is not None else 0)
+        for m in affine:
+            if m.bits == bits:
+                m.gemv, m.gemv_rows = fast, (ag.MAX_ROWS_X if fast is not None else 0)

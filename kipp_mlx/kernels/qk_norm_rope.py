@@ -114,6 +114,7 @@ _METAL = """
 
 _INPUTS = ["qkv", "q_weight", "k_weight", "positions", "cos_sin", "eps"]
 _built: dict[str, object] = {}
+_eps: dict[float, mx.array] = {}  # one device scalar an eps, not one upload a call
 
 
 def rope_table(num_positions: int, head_dim: int, theta: float) -> mx.array:
@@ -162,17 +163,14 @@ def qk_norm_rope(
 ) -> tuple[mx.array, mx.array]:
     """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] and kv [T, 2, Hkv, D] (K normed and roped)."""
     _check(qkv, q_weight, num_heads, num_kv_heads, head_dim, 32)
+    if q_weight.dtype != qkv.dtype or k_weight.dtype != qkv.dtype or positions.dtype != mx.int32:
+        raise ValueError("qk_norm_rope: the norm weights need qkv's dtype and positions int32")
+    if eps not in _eps:
+        _eps[eps] = mx.array([eps], dtype=mx.float32)
     T = qkv.shape[0]
     nh = num_heads + 2 * num_kv_heads
     q, kv = _kernel(kind)(
-        inputs=[
-            qkv,
-            q_weight.astype(qkv.dtype),
-            k_weight.astype(qkv.dtype),
-            positions.astype(mx.int32),
-            cos_sin,
-            mx.array([eps], dtype=mx.float32),
-        ],
+        inputs=[qkv, q_weight, k_weight, positions, cos_sin, _eps[eps]],
         template=[("T", qkv.dtype), ("D", head_dim), ("HQ", num_heads), ("HKV", num_kv_heads)],
         grid=(-(-nh // HEADS_PER_BLOCK) * 32 * HEADS_PER_BLOCK, T, 1),
         threadgroup=(32 * HEADS_PER_BLOCK, 1, 1),

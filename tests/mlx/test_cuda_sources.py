@@ -10,7 +10,6 @@ import pytest
 from kipp_mlx.kernels import add_rms_norm as an
 from kipp_mlx.kernels import affine_gemv as ag
 from kipp_mlx.kernels import decode_attention as da
-from kipp_mlx.kernels import dense_gemv as dg
 from kipp_mlx.kernels import qk_norm_rope as qr
 from kipp_mlx.kernels import swiglu as sw
 from tests.mlx import nvrtc
@@ -28,7 +27,7 @@ def cases():
                 [("out", t)],
                 ag._CUDA,
                 "",
-                [("T", t), ("BITS", bits), ("MM", 3), ("ROWS", 2), ("WARPS", 4)],
+                [("T", t), ("BITS", bits), ("MM", 3), ("ROWS", 2), ("WARPS", 4), ("UNROLL", 4)],
             )
         for hq, hkv in ((16, 8), (64, 8)) if wide else ((32, 8),):
             for direct in (True, False) if wide else (False,):
@@ -87,14 +86,6 @@ def cases():
                 da._CUDA_MERGE,
                 "",
                 [("T", t)],
-            )
-            yield (
-                "dense_gemv",
-                [("x", t), ("w", t)],
-                [("out", t)],
-                dg._CUDA,
-                "",
-                [("T", t), ("MM", 8), ("ROWS", 2), ("WARPS", 4)],
             )
             yield ("swiglu", [("gate_up", t)], [("out", t)], sw._CUDA, "", [("T", t)])
 

@@ -18,7 +18,6 @@ from kipp_mlx import quant
 from kipp_mlx.kernels import add_rms_norm as an
 from kipp_mlx.kernels import affine_gemv as ag
 from kipp_mlx.kernels import decode_attention as da
-from kipp_mlx.kernels import dense_gemv as dg
 from kipp_mlx.kernels import ladder
 from kipp_mlx.kernels import qk_norm_rope as qr
 from oracle.qwen3 import apply_rope, rms_norm, rope_cos_sin
@@ -111,12 +110,6 @@ def test_affine_gemv_ref_matches_numpy(bits):
     x, w, s, b, _ = host(args)
     want = x.astype(np.float64) @ _np_affine_dequant(w, s, b, bits).T
     np.testing.assert_allclose(np.array(ag.affine_gemv_ref(*args)), want, atol=1e-4, rtol=1e-5)
-
-
-def test_dense_gemv_ref_matches_numpy():
-    x, w = ag_x = dg.probe_inputs(mx.float32, seed=4)
-    want = np.array(x).astype(np.float64) @ np.array(w).astype(np.float64).T
-    np.testing.assert_allclose(np.array(dg.dense_gemv_ref(*ag_x)), want, atol=1e-4, rtol=1e-5)
 
 
 def test_q8_0_quantize_matches_numpy_reference():

@@ -13,7 +13,6 @@ from kipp_core.registry import REGISTRY
 from kipp_mlx.kernels import add_rms_norm as an
 from kipp_mlx.kernels import affine_gemv as ag
 from kipp_mlx.kernels import decode_attention as da
-from kipp_mlx.kernels import dense_gemv as dg
 from kipp_mlx.kernels import ladder
 from kipp_mlx.kernels import qk_norm_rope as qr
 from kipp_mlx.kernels import swiglu as sw
@@ -88,15 +87,6 @@ def test_affine_gemv_matches_ref(dtype, bits, rows, config):
     x = mx.array(rng.standard_normal((rows, 768)).astype(np.float32)).astype(dtype)
     got = ag.affine_gemv(x, *q, bits, kind=kind(), config=config)
     close(got, ag.affine_gemv_ref(x, *q, bits), dtype)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 5, 8])
-def test_dense_gemv_matches_ref(dtype, rows):
-    rng = np.random.default_rng(rows)
-    w = mx.array(rng.standard_normal((1823, 781 - 781 % 8)).astype(np.float32)).astype(dtype)
-    x = mx.array(rng.standard_normal((rows, w.shape[1])).astype(np.float32)).astype(dtype)
-    close(dg.dense_gemv(x, w, kind=kind()), dg.dense_gemv_ref(x, w), dtype)
 
 
 @pytest.mark.parametrize("name", sorted({e.name for e in REGISTRY.values()}))
