@@ -54,6 +54,7 @@ class AffineLinear(nn.Module):
         self.bits, self.group_size = bits, group_size
         self.gemv = None  # fn(x, weight, scales, biases, bits)
         self.gemv_rows = 0
+        self.dequant_rows = None  # from this many rows of x: dequantize, then a dense GEMM
 
     @classmethod
     def quantize(cls, w: mx.array, bits: int, group_size: int):
@@ -62,10 +63,12 @@ class AffineLinear(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         if self.gemv is not None and x.shape[0] <= self.gemv_rows:
             return self.gemv(x, self.weight, self.scales, self.biases, self.bits)
-        if x.dtype == mx.float32 and mx.default_device() == mx.gpu:
-            # a float32 model computes in float32: MLX's GPU quantized GEMM may not
+        dense = self.dequant_rows is not None and x.shape[0] >= self.dequant_rows
+        if dense or (x.dtype == mx.float32 and mx.default_device() == mx.gpu):
+            # a float32 model computes in float32 (MLX's GPU quantized GEMM may not); a prefill
+            # on MLX's CUDA build runs faster through the dense GEMM (ladder.attach)
             w = mx.dequantize(self.weight, self.scales, self.biases, self.group_size, self.bits)
-            return x @ w.T
+            return (x @ w.astype(x.dtype).T).astype(x.dtype)
         xs = x.astype(mx.float32) if self.scales.dtype == mx.float32 else x
         y = mx.quantized_matmul(
             xs,

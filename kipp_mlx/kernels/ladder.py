@@ -20,6 +20,10 @@ log = logging.getLogger("kipp")
 
 BACKEND = "mlx"
 NO_GPU = "no Metal or CUDA device (MLX runs on the CPU)"
+# MLX's CUDA build: from 16 rows of x an affine linear dequantizes its weight and runs the dense
+# GEMM (at 64 rows of the 8B gate_up: ~70 us to dequantize + ~120 us of GEMM, against ~270 us in
+# MLX's quantized GEMM, on an H200; Metal keeps MLX's quantized GEMM)
+DEQUANT_ROWS = 16
 
 
 def gpu_kind() -> str | None:
@@ -136,8 +140,9 @@ def model_kernels(cfg, block_size: int, dtype):
 
 def attach(model: nn.Module, cfg, dtype, block_size: int) -> None:
     """Choose the model's kernels and put them on it: the step's kernels, and the decode GEMV on
-    every affine-quantized linear (and a quantized tied head). Dense linears keep MLX's own
-    matmul, which was faster at M = 1 on an H200 than a plain CUDA GEMV (BENCHMARKS.md)."""
+    every affine-quantized linear (and a quantized tied head), which on MLX's CUDA build also
+    dequantizes for wide inputs (DEQUANT_ROWS). Dense linears keep MLX's own matmul, which was
+    faster at M = 1 on an H200 than a plain CUDA GEMV."""
     from kipp_mlx.kernels import affine_gemv as ag
     from kipp_mlx.quant import AffineLinear
 
@@ -155,3 +160,4 @@ def attach(model: nn.Module, cfg, dtype, block_size: int) -> None:
         for m in affine:
             if m.bits == bits:
                 m.gemv, m.gemv_rows = fast, (ag.MAX_ROWS_X if fast is not None else 0)
+                m.dequant_rows = DEQUANT_ROWS if gpu_kind() == "cuda" else None
