@@ -4,7 +4,7 @@ replay and the host's time in each engine.step(). Prints the GPU's replay-to-rep
 (median, mean, the slowest and where in the run they fell) against the host's step times, so that
 a mean above the median shows as a few slow steps, and a slow median as a slow steady state.
 
-python scripts/decode_gaps.py --shape qwen3-8b --quant affine4 --kv-cache-memory 16GiB
+python tools/profile/decode_gaps.py --shape qwen3-8b --quant affine4 --kv-cache-memory 16GiB
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 prompt-end lookup and the reference counts of its full blocks, without a backend; with
 --new-last-token, the prefix-cache walk over the full blocks instead.
 
-python scripts/bench_prefix_match.py [--prompt-len 6890] [--runs 200] [--new-last-token]
+python tools/profile/bench_prefix_match.py [--prompt-len 6890] [--runs 200] [--new-last-token]
 """
 
 from __future__ import annotations

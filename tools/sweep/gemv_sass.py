@@ -1,10 +1,10 @@
 """The one-token quantized GEMVs compiled for sm_90 on any machine (no GPU needed): SASS
 instructions in each kernel's K loop per weight a thread handles, and registers a thread
-(kipp_cuda/kernels/sass.py). How the decode GEMVs' instruction budget is compared offline
-(BENCHMARKS.md): at 4.3 TB/s an H200 issues about 4.5 instructions a weight for affine4's 0.625
-bytes a weight.
+(kipp_cuda/kernels/sass.py): the decode GEMVs' instruction budget, compared offline. At 4.3 TB/s
+an H200 issues about 4.5 instructions a weight for affine4's 0.625 bytes a weight
+(benchmarks/LOG.md, entry 32405f1).
 
-python scripts/gemv_sass.py [--configs 32x32x4,8x128x4] [--int-x both|on|off] [--json out.json]
+python tools/sweep/gemv_sass.py [--configs 32x32x4,8x128x4] [--int-x both|on|off] [--json out.json]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 the same prompt again (a prompt-end hit: no layer runs) and a new last token (the tokens after the
 last full block run through a prefill graph over the cached context).
 
-python scripts/profile_prefix_hit.py --shape qwen3-0.6b --prompt-len 6890 --out /tmp/out
+python tools/profile/profile_prefix_hit.py --shape qwen3-0.6b --prompt-len 6890 --out /tmp/out
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tensor-parallel gate on real shapes: TP=2 logits equal TP=1 within bf16 tolerance, and greedy
-tokens are equal in float32 (issue 8). python scripts/tp_gate.py --shape qwen3-8b"""
+tokens are equal in float32. python tools/gates/tp_gate.py --shape qwen3-8b"""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ against the first variant's.
   nccl      dist.all_reduce on the activation, then rms_norm
   none      no all-reduce at all: the compute floor of a rank (logits are wrong, by design)
 
-(The fifth session's variants, torch symmetric memory's one-shot all-reduce and NCCL symmetric
-windows, are in BENCHMARKS.md; neither beat NCCL by more than 0.11 ms a step.)
+(Torch symmetric memory's one-shot all-reduce and NCCL symmetric windows beat NCCL by at most
+0.11 ms a step: benchmarks/LOG.md, entry 230e152.)
 
-NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python scripts/tp_step_profile.py \
+NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python tools/profile/tp_step_profile.py \
     --shape qwen3-8b --variants peer,nccl,none [--profile]
 """
 

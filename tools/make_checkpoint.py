@@ -1,7 +1,7 @@
 """Write a random-weight checkpoint in any registry shape (kipp_core.tiny.random_checkpoint).
 
-python scripts/make_checkpoint.py --shape qwen3-8b --out /tmp/qwen3-8b-random
-python scripts/make_checkpoint.py --shape qwen3-0.6b --out ./r06 --dtype float32 --seed 3
+python tools/make_checkpoint.py --shape qwen3-8b --out /tmp/qwen3-8b-random
+python tools/make_checkpoint.py --shape qwen3-0.6b --out ./r06 --dtype float32 --seed 3
 """
 
 from __future__ import annotations

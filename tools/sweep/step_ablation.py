@@ -17,9 +17,9 @@ fusing that kernel away could save at most.
             env:KIPP_CUDA_PDL=0); join variants with '+' (gemv+env:KIPP_CUDA_PDL=0)
 
 A variant that fails to build or run is reported and left out of the table (a tile sweep may
-name configs a kernel refuses). --json writes {quant: {variant: ms}} for scripts/pick_tiles.py.
+name configs a kernel refuses). --json writes {quant: {variant: ms}} for tools/sweep/pick_tiles.py.
 
-python scripts/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
+python tools/sweep/step_ablation.py --shape qwen3-8b --quant q8_0 --context 2100
 """
 
 from __future__ import annotations
@@ -147,8 +147,8 @@ def main() -> None:
         )
         shard = ShardBackend(Checkpoint(path), opts, device)
         runner = shard.runner
-        # (before the fifteenth session the block table stayed zero: attention read block 0 from
-        # L2 and the ablations timed it 0.02-0.03 ms a step too cheap, BENCHMARKS.md)
+        # the context on its own blocks: with a zero block table attention reads block 0 from L2,
+        # 0.02-0.03 ms a step too cheap (benchmarks/LOG.md, entry 5de113c)
         runner.inputs.stage_one_sequence(args.context, runner.block_size)
         times = {}
         for v in args.variants.split(","):

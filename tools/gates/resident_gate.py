@@ -4,11 +4,11 @@ GPU with resident decode inputs on and off, and the decode attention's empty spl
 arrivals in one engine, each against the eager model (graphs off, both settings off), with the
 prefix cache on (the staggered run's prompts are then prompt-end hits of the alone run's) and off;
 and whether the fused merge's arrival counters are all back at zero after a run (a miscount
-leaves one off, which then corrupts every later merge). In the nineteenth session it showed that
-the gate's failure followed the prefix cache, not either setting: the head graph's pool bug
-(BENCHMARKS.md).
+leaves one off, which then corrupts every later merge). A failure that follows the prefix cache and
+not either setting is a prompt-end hit's, as the head graph's memory-pool bug was
+(benchmarks/LOG.md, entry c5b41aa).
 
-python scripts/resident_gate.py [--budget SECONDS] [--reps N]
+python tools/gates/resident_gate.py [--budget SECONDS] [--reps N]
 """
 
 from __future__ import annotations

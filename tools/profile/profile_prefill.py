@@ -1,7 +1,7 @@
 """Where an eager prefill step's host time goes on the CUDA backend: cProfile of a cold prompt and
 of a prefix-cache hit, then torch.profiler's CPU and GPU tables of the cold one.
 
-python scripts/profile_prefill.py --shape qwen3-0.6b --prompt-len 2048 --prefix-len 6890
+python tools/profile/profile_prefill.py --shape qwen3-0.6b --prompt-len 2048 --prefix-len 6890
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 CUDA graphs (the regime the decode step runs in: launch gaps included, host overhead excluded).
 Prints, per shape, the default configuration's time and the best ones; `--json` keeps every row.
 
-python scripts/kernel_sweep.py [--only dense,q8_0,affine4,small] [--json out.json]
-(decode attention: scripts/attention_sweep.py)
+python tools/sweep/kernel_sweep.py [--only dense,q8_0,affine4,small] [--json out.json]
+(decode attention: tools/sweep/attention_sweep.py)
 """
 
 from __future__ import annotations

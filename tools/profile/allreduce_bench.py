@@ -2,7 +2,7 @@
 runs them: NCCL (with whatever NCCL_* settings the environment holds) and, where this torch has
 it, torch.distributed's symmetric-memory one-shot all-reduce.
 
-NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python scripts/allreduce_bench.py
+NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python tools/profile/allreduce_bench.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ synchronize a loop): the graph alone, with the staged-input upload, with the tok
 and with both moved into kernels that read and write pinned host memory directly (zero-copy,
 mapped through UVA), inside or outside the graph; and the engine's own step for comparison.
 
-python scripts/step_overhead.py --shape qwen3-8b --quant q8_0 --kv-cache-memory 16GiB
+python tools/profile/step_overhead.py --shape qwen3-8b --quant q8_0 --kv-cache-memory 16GiB
 """
 
 from __future__ import annotations

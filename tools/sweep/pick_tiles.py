@@ -4,7 +4,7 @@ GEMV shape its fastest `env:KIPP_CUDA_TUNED=family/NxK/...` variant when it beat
 more than --margin ms, and prints one KIPP_CUDA_TUNED value joining them with ';' (empty when
 none wins). The per-shape table goes to stderr.
 
-python scripts/pick_tiles.py tiles.json --quant affine4 --margin 0.002
+python tools/sweep/pick_tiles.py tiles.json --quant affine4 --margin 0.002
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 swapped for one that returns a token and does nothing else, so what is left is validation,
 the prefix match, scheduling and output handling. Runs anywhere (CPU).
 
-python scripts/engine_overhead.py --prompt-len 6890 --block-size 32
+python tools/profile/engine_overhead.py --prompt-len 6890 --block-size 32
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 split lengths and counts (`--only attn`), and at batch 256 over tile size, warps, pipelining depth
 and prefetch (`--only attn_b256`). Prints the default and the best; `--json` keeps every row.
 
-python scripts/attention_sweep.py [--only attn,attn_b256] [--quick] [--json out.json]
+python tools/sweep/attention_sweep.py [--only attn,attn_b256] [--quick] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a decode step's time goes on the CUDA backend: engine, input preparation, graph replay,
 logits, sampling; plus a per-kernel table of one eager decode step (torch.profiler).
 
-python scripts/profile_decode.py --shape qwen3-0.6b --batch 1 --context 2048
+python tools/profile/profile_decode.py --shape qwen3-0.6b --batch 1 --context 2048
 
 --timeline: instead of the eager per-kernel table, profile the engine's own steps (graphs on) and
 print where the GPU idles between its activities: the gaps summed by what ends before and starts
