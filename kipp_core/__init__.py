@@ -3,7 +3,7 @@
 from kipp_core import LLM, SamplingParams
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 

@@ -8,8 +8,9 @@ import os
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)  # every model
 LARGE_PREFILL_GRAPH_TOKENS = (512, 1024, 2048)  # models whose eager prefill is launch-bound
 # A 2,048-token forward under this many FLOP (the 0.6B shape: 2.5e12, ~5 ms of H200 work) is
-# bound by its ~250 launches from Python (~10 ms, BENCHMARKS.md), so a padded replay wins even
-# when half of it is padding; above it (1.7B: 7e12) padding would cost more than launches.
+# bound by its ~250 launches from Python (~10 ms), so a padded replay wins even when half of it is
+# padding; above it (1.7B: 7e12) padding would cost more than launches (benchmarks/LOG.md,
+# entries ebe2eb0 and 7668e5f).
 LARGE_PREFILL_MAX_FLOP = 4e12
 
 

@@ -105,7 +105,7 @@ def swiglu_mlp(gate_up: nn.Module, down: nn.Module, h: torch.Tensor) -> torch.Te
     """down(silu(gate) * up) with gate, up = gate_up(h) (gate_up's rows: gate, then up). At T = 1
     SwiGLU rides in a GEMV: the dense down GEMV's reads of x, and the quantized gate_up GEMV's
     epilogue. A quantized GEMV cannot take it in its reads of x cheaply: each of its programs
-    would recompute every exp (0.44 ms an 8B q8_0 step, BENCHMARKS.md, seventh session)."""
+    would recompute every exp (+0.44 ms an 8B q8_0 step: benchmarks/LOG.md, entry 752bd46)."""
     if isinstance(gate_up, DenseLinear):
         return down(gate_up(h), act=True)
     return down(gate_up(h, swiglu=True))

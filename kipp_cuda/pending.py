@@ -12,7 +12,7 @@ from kipp_core.backend import PENDING, ModelInput, SeqOutput
 
 class PinnedRing:
     """Four pinned int64 buffers handed out in turn. At most two steps are in flight (async
-    scheduling), and allocating pinned memory every step cost ~50 us of host time."""
+    scheduling), and allocating pinned memory every step costs ~50 us of host time."""
 
     def __init__(self, size: int, device: torch.device):
         pin = device.type == "cuda"

@@ -4,16 +4,16 @@ Each decode graph ends with step_advance (kernels/step_advance.py): it writes th
 tokens into a pinned host ring through UVA and moves every live row of the staged inputs to the
 next position. So when the next step is the same rows, each one token further on the same block
 table, the device already holds its inputs: the runner replays the graph with no upload before it
-and no copy of the tokens after it (each copy cost ~5-13 us of idle GPU between graphs,
-BENCHMARKS.md thirteenth session). Anything else uploads as before.
+and no copy of the tokens after it (each copy costs ~5-13 us of idle GPU between graphs:
+benchmarks/LOG.md, entry 4937ed5). Anything else uploads as before.
 
 `matches` is the whole test, on host values only: the same graph, the same rows, every row's
 PENDING id taken from g_last (FROM = 1, as at the last upload), positions and contexts one more
 than the last replay's, and the same block table. The new position's block is then in the table
 the device holds, so the slot step_advance computed is the one the host would have staged.
-On by default; KIPP_CUDA_RESIDENT_DECODE=0 turns it off (off, the graphs end at the argmax). On the
-H200 it took the GPU's idle time between 8B decode steps from 25.9 to 3.5 us (BENCHMARKS.md,
-eighteenth session). Graph launches are stream-ordered against each other (PDL acts only between
+On by default; KIPP_CUDA_RESIDENT_DECODE=0 turns it off (off, the graphs end at the argmax). On an
+H200 the GPU idles 3.5 us between 8B decode steps with it and 25.9 us without (benchmarks/LOG.md,
+entry baa1b47). Graph launches are stream-ordered against each other (PDL acts only between
 kernels inside a graph), so the next replay reads what step_advance wrote.
 """
 
@@ -44,7 +44,7 @@ class ResidentDecode:
 
     def advance(self, g_in: torch.Tensor, g_ctx: torch.Tensor, g_bt: torch.Tensor, tokens):
         """In a decode graph of len(tokens) rows, after the argmax (see the module docstring).
-        The switch is read here, at capture, so that scripts can capture both kinds of graph."""
+        The switch is read here, at capture, so that tools can capture both kinds of graph."""
         if resident_enabled():
             n = tokens.shape[0]
             step_advance(

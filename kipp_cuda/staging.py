@@ -96,7 +96,7 @@ class GraphInputs:
     def stage_one_sequence(self, context: int, block_size: int) -> None:
         """Write the device inputs of one decoding sequence of `context` tokens (the last at
         position context - 1) on blocks 0, 1, ... in order, as a fresh allocation places it,
-        without the engine: for scripts that replay the batch-1 decode graph (step_ablation.py,
+        without the engine: for tools that replay the batch-1 decode graph (step_ablation.py,
         tp_step_profile.py). A zero block table would have every attention tile read block 0."""
         self.g_ctx[0], self.g_in[POS, 0] = context, context - 1
         blocks = -(-context // block_size)

@@ -7,7 +7,8 @@ norm and post-attention norm, and the final norm).
   (kernels/allreduce_rms_norm.py) that pushes this rank's rows into the peer's receive buffer
   over NVLink, trades a flag, and normalizes the sum; the receive buffers and flags are torch
   symmetric memory, one slot a call site, so a CUDA graph bakes fixed addresses. NCCL's
-  all-reduce of 8 KB cost ~9.6 us a call in the 8B decode graph (BENCHMARKS.md, fifth session).
+  all-reduce of 8 KB costs ~9.6 us a call in the 8B decode graph, this kernel with the norm ~2.7
+  (benchmarks/LOG.md, entries 230e152 and 752bd46).
 - Otherwise (more rows, CPU/gloo, TP > 2, KIPP_CUDA_PEER_ALLREDUCE=0): torch.distributed's
   all-reduce, then rms_norm. On a GPU at TP > 2, or where symmetric memory cannot be set up, that
   is a reported fallback (fatal under KIPP_CUDA_REQUIRE_KERNELS=1).

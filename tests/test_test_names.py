@@ -1,9 +1,8 @@
 """GPU-only tests never run in CI (it has no GPU), so a rename can leave one calling a name that no
-longer exists: the fourteenth session found a GPU test that had called `bench_specs` on three
-attention modules since their cases moved to attention_bench.py, failing on every GPU run for two
-sessions. This reads every test file, without running it, and checks that each attribute it reads
-from one of kipp's modules (by its import alias, or by a loop variable over a tuple of them)
-exists there."""
+longer exists, as a GPU test once called `bench_specs` on attention modules whose cases had moved
+to attention_bench.py (benchmarks/LOG.md, entry 77f53e4). This reads every test file, without
+running it, and checks that each attribute it reads from one of kipp's modules (by its import
+alias, or by a loop variable over a tuple of them) exists there."""
 
 from __future__ import annotations
 

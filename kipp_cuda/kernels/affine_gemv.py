@@ -235,8 +235,8 @@ def gemv_config(
 ) -> dict:
     """BLOCK_N rows x BLOCK_G groups a K step: 16 rows x 1 KB of each row's words (64 groups of
     32 at 4 bits) with one tile in flight a program, the fastest single config over the 8B shapes
-    in the sixth session's sweep (168.9 us summed against 155.0 for each shape's best); 4 rows
-    when N is small. Tuned shapes (scripts/kernel_sweep.py, group size 32) skip this."""
+    (168.9 us summed against 155.0 for each shape's best; benchmarks/LOG.md, entry fe27bc1); 4
+    rows when N is small. Tuned shapes (tools/sweep/kernel_sweep.py, group size 32) skip this."""
     tuned = None if interpreting() else tuned_config(f"affine{bits}", N, num_groups * group_size)
     if tuned is not None and group_size == 32:
         return tuned

@@ -37,26 +37,26 @@ from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import count_in_and_merge, merge_splits, split_counters
 
+# Tuned on an H200 in the 8B batch-1 decode graph at 2.1k context (tools/sweep/step_ablation.py)
+# unless a line says otherwise; [abc1234]: the sweep's entry in benchmarks/LOG.md and its record.
 BLOCK_N = 64  # KV positions per tile (two 32-token pages)
-MIN_TILES_PER_SPLIT = 1  # a split reads at least one tile: in the 8B batch-1 step at 2.1k context
-# 1 beat 2 by 0.022 ms and 3 by 0.069 (step_ablation.py, BENCHMARKS.md thirteenth session)
+MIN_TILES_PER_SPLIT = 1  # the fewest tiles a split reads (2: +0.02-0.05 ms) [4937ed5, 68aa99e]
 MAX_SPLITS = 128
-PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs per SM: with 2, half
-# the 8B batch-1 splits took two tiles past 2,112 positions (+0.05 ms; BENCHMARKS.md eighteenth)
-FUSED_MERGE = True  # the last split program merges (no merge kernel); scripts/attention_sweep.py
+PROGRAMS_PER_SM = 4  # split until B * Hkv * splits reaches this many programs an SM: the 8B
+# batch-1 splits keep one tile past 2,112 positions (2: +0.05 ms at 2.15k) [baa1b47, 68aa99e]
+FUSED_MERGE = True  # the last split program merges (no merge kernel; attention_sweep.py) [7b4d427]
 SKIP_EMPTY_SPLITS = True  # with FUSED_MERGE: splits past the sequence leave at once (the top)
-PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (see the top):
-# -0.02 ms an 8B batch-1 step at 2k context; one-split (large-batch) launches do not
-MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads;
-# 16384 took 0.02 ms off an 8B batch-1 step at 2k context against 4096 (step_ablation.py)
+PREFETCH_KV = True  # split launches load their first K/V tile before the PDL wait (the top);
+# one-split (large-batch) launches do not; off costs 0.02-0.07 ms a step [752bd46, 68aa99e]
+MERGE_CHUNK = 16384  # fp32 partial elements (heads x splits x head_dim) a fused-merge step reads
+# (4096: +0.02 ms, 8192: +0.008, 32768: +0.11) [752bd46, 68aa99e]
 MERGE_PEEL = False  # True: the fused merge reads its first chunk with the lse max (split_merge.py);
-# off was 0.011 ms faster in the 8B affine4 step at 2.1k context (twentieth session)
-NUM_WARPS = 2  # H200 sweeps: at batch 256 2 warps run at 4.07 TB/s (4: 3.96, 8: 3.3)
-NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): in the 8B batch-1 decode graph at
-# 2k context, 4 warps took 0.07-0.09 ms off a step against 2 (scripts/step_ablation.py)
-NUM_STAGES = 2  # software-pipelining depth of the tile loop (scripts/attention_sweep.py)
-NUM_STAGES_SPLIT = 1  # a batch-1 split is one tile, so a 2nd stage only adds a prologue: 1 took
-# 0.010-0.013 ms off the 8B q8_0 and affine4 steps (step_ablation.py, BENCHMARKS.md fifteenth)
+# on is 0.011-0.014 ms slower a step (q8_0: 0.008) [68aa99e]
+NUM_WARPS = 2  # one-split launches: 4.07 TB/s of KV at batch 256 (4 warps: 3.96) [ebe2eb0]
+NUM_WARPS_SPLIT = 4  # when the context is split (few sequences): 2 warps +0.07-0.21 ms a step,
+# 8 +0.02-0.09 [752bd46, 5de113c, 68aa99e]
+NUM_STAGES = 2  # software-pipelining depth of the tile loop, one-split launches [ebe2eb0]
+NUM_STAGES_SPLIT = 1  # a batch-1 split is one tile: a 2nd stage only adds a prologue [5de113c]
 LOG2E = 1.4426950408889634
 
 

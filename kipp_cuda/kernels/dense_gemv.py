@@ -1,9 +1,9 @@
 """One-token dense matmul (decode): out[N] = W[N, K] @ x[K], streaming each weight once.
 
 cuBLAS picks GEMM tilings for M = 1 that read a 0.6B layer's weights at about a quarter of the
-H200's bandwidth (profile in BENCHMARKS.md). Here a program owns BLOCK_N full rows, walks K in
-BLOCK_K steps with the next step's loads issued before this step's math, and sums in fp32; small
-row counts split K (deterministic, see matmul_tiles.store_tile) so that every SM streams.
+H200's bandwidth (benchmarks/LOG.md, entry 0f41c84). Here a program owns BLOCK_N full rows, walks
+K in BLOCK_K steps with the next step's loads issued before this step's math, and sums in fp32;
+small row counts split K (deterministic, see matmul_tiles.store_tile) so that every SM streams.
 
 With `act=True`, x is a gate_up output [1, 2K] and the kernel multiplies by silu(gate) * up,
 rounded to x's dtype as silu_and_mul rounds it: the decode step's down_proj needs no separate
@@ -81,10 +81,10 @@ def _dense_gemv_kernel(
 
 
 def gemv_config(N: int, K: int, device: torch.device) -> dict:
-    """From the H200 sweeps in CUDA graphs (scripts/kernel_sweep.py, BENCHMARKS.md): about 512+
-    programs of BLOCK_N rows, 256 or 512 columns a step (512 beat 1024 at K > 4096 on the 32B
-    shard shapes: 942 against 969 us summed over the 20 swept shapes); split K only when rows
-    leave SMs idle. Shapes in the tuned table skip this."""
+    """From the H200 sweeps in CUDA graphs (tools/sweep/kernel_sweep.py; benchmarks/LOG.md,
+    entries f9eb3ee and 230e152): about 512+ programs of BLOCK_N rows, 256 or 512 columns a step
+    (512 beats 1024 at K > 4096 on the 32B shard shapes: 942 against 969 us summed over the 20
+    swept shapes); split K only when rows leave SMs idle. Shapes in the tuned table skip this."""
     if interpreting():
         return dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=1, num_warps=4)
     tuned = tuned_config("dense", N, K)

@@ -9,7 +9,7 @@ product and sum do: the same bits.
 
 `take_last=(flags, last)`: row t looks up last[t] where flags[t] != 0, else ids[t]. A decode
 graph's steady state takes its PENDING ids from the last step's argmax this way, in the embedding
-launch itself (it was a compare and a select, two more launches, before it).
+launch itself rather than in a compare and a select, two more launches.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Greedy argmax in the vocabulary head's epilogue ("head mode" of the one-token GEMVs).
 
-A batch-1 decode step's lm_head (N = 151,936 rows) used to be followed by three non-PDL torch
-launches: `.float()` of the logits and torch.argmax (a memset and a reduce). In head mode the GEMV
-(q8_0_gemv, affine_gemv, dense_gemv; matmul_tiles._write) writes the logits as fp32 (the fp32 sums
-rounded to x's dtype first: the bits of `gemv(x).float()`) and folds its row block into a running
-argmax with one int64 `atomic_max` a program on `keys[row]`; `finish_argmax` (a one-program PDL
-kernel) then turns keys[:B] into token ids and re-arms them to KEY_MIN for the next call.
+A batch-1 decode step's lm_head (N = 151,936 rows) would otherwise be followed by three non-PDL
+torch launches: `.float()` of the logits and torch.argmax (a memset and a reduce). In head mode
+the GEMV (q8_0_gemv, affine_gemv, dense_gemv; matmul_tiles._write) writes the logits as fp32 (the
+fp32 sums rounded to x's dtype first: the bits of `gemv(x).float()`) and folds its row block into
+a running argmax with one int64 `atomic_max` a program on `keys[row]`; `finish_argmax` (a
+one-program PDL kernel) then turns keys[:B] into token ids and re-arms them to KEY_MIN for the
+next call.
 
 A key orders as torch.argmax under signed int64 comparison:
 - bits 63..32: the value's fp32 bits made order-preserving as a signed int32 (v >= 0: the bits;

@@ -129,9 +129,9 @@ def _q8_0_gemv_kernel(
 
 def gemv_config(N: int, num_groups: int, device: torch.device) -> dict:
     """BLOCK_N rows x BLOCK_G groups a K step: 16 x 64 with one tile in flight a program (the
-    fastest single config over the 8B shapes in the sixth session's sweep, 218.6 us summed
-    against 208.0 for each shape's best), 4 rows when N is small. Shapes in the tuned table
-    (scripts/kernel_sweep.py) skip this."""
+    fastest single config over the 8B shapes, 218.6 us summed against 208.0 for each shape's best:
+    benchmarks/LOG.md, entry fe27bc1), 4 rows when N is small. Shapes in the tuned table
+    (tools/sweep/kernel_sweep.py) skip this."""
     tuned = None if interpreting() else tuned_config("q8_0", N, num_groups * QK8_0)
     if tuned is not None:
         return tuned

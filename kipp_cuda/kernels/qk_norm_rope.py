@@ -20,9 +20,9 @@ from kipp_cuda.kernels.kv_write import check_cache, kv_write_ref
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 
 BLOCK_HEADS = 4  # heads a program: 12 programs a token for the 8B's 32 q, 8 k and 8 v heads.
-# In the 8B affine4 decode graph 4 took 0.013 ms off a step against 8 (2: -0.008, 16: +0.004;
-# BENCHMARKS.md, twentieth session): the kernel is a latency chain, shorter with less a program
-NUM_WARPS = 4
+# Tuned in the 8B affine4 decode graph on an H200 (8: +0.018 ms a step, 2: +0.010, 16: +0.017;
+# benchmarks/LOG.md, entry 68aa99e): the kernel is a latency chain, shorter with less a program
+NUM_WARPS = 4  # at 4 heads a program (8: +0.009 ms a step, 2: +0.042; the same entry)
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Compile a Triton kernel for sm_90 on any machine (Triton's own ptxas and cuobjdump, no GPU) and
-read its SASS: the opcodes of its K loop and its registers a thread. scripts/gemv_sass.py prints
-them for the quantized GEMVs (BENCHMARKS.md); a CI test checks that the int16-x path lowers to
-dp2a (IDP)."""
+read its SASS: the opcodes of its K loop and its registers a thread. tools/sweep/gemv_sass.py
+prints them for the quantized GEMVs (benchmarks/LOG.md, entry 32405f1); a CI test checks that the
+int16-x path lowers to dp2a (IDP)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """Launch configs measured per shape (vLLM's tuned-config files): `configs/h200_gemv.json` holds the
-fastest config of each Qwen3 decode GEMV shape from scripts/kernel_sweep.py on an H200. Shapes not
-in the table (tensor-parallel shards, other models) use each kernel's heuristic.
+fastest config of each Qwen3 decode GEMV shape from tools/sweep/kernel_sweep.py on an H200 (its
+"source" field names the records of the sweeps). Shapes not in the table (tensor-parallel shards,
+other models) use each kernel's heuristic.
 
 KIPP_CUDA_TUNED=family/NxK/KEY=v/KEY=v... replaces the named keys of one shape's config, for
-sweeps inside the whole decode graph (scripts/step_ablation.py `env:` variants), where a tile's
+sweeps inside the whole decode graph (tools/sweep/step_ablation.py `env:` variants), where a tile's
 cost includes what overlaps it; for example affine4/24576x4096/BLOCK_N=16/num_warps=8. Several
-shapes' overrides join with ';' (scripts/pick_tiles.py combines a sweep's winners so)."""
+shapes' overrides join with ';' (tools/sweep/pick_tiles.py combines a sweep's winners so)."""
 
 from __future__ import annotations
 

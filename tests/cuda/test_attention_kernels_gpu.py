@@ -219,9 +219,8 @@ def test_gpu_prefill_16k_and_kv_write():
 @gpu
 def test_gpu_attention_bench_cases_match_their_references():
     # `kipp bench --kernels` times these (kernels.bench finds them by bench_specs: kv_write's,
-    # and the attention kernels' in attention_bench.py since 3495dd8; this test's old form still
-    # called decode_attention.bench_specs): each attention case equals its torch reference, and
-    # kv_write's cases (which write caches) run.
+    # and the attention kernels' in attention_bench.py, not in the kernel modules): each
+    # attention case equals its torch reference, and kv_write's cases (which write caches) run.
     from kipp_cuda.kernels.bench import spec_modules
 
     assert {attention_bench, kvw} <= set(spec_modules())

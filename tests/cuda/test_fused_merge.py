@@ -89,8 +89,8 @@ def test_decode_fused_and_unfused_merge_agree(dtype, G, q8, monkeypatch):
     # The default split length (MIN_TILES_PER_SPLIT tiles) over 4 and 16 splits (5 of them
     # non-empty at most), fused and unfused merge, the first tile loaded before the PDL wait or
     # in the loop: all within rounding of each other. The partials are fp32, but the two merges
-    # round differently in their last bit, which can move a bf16 output by one ulp (seen once on
-    # the H200: 1 of 6,144 elements); so one rounding of the output dtype is allowed.
+    # round differently in their last bit, which can move a bf16 output by one ulp (1 of 6,144
+    # elements on an H200); so one rounding of the output dtype is allowed.
     p, q, scale, ref = _fused_case(dtype, G, q8, ctx=(600, 129, 0, 1, 300, 256), seed=50 + G)
     ulp = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
     for num_splits in (4, 16):

@@ -26,7 +26,7 @@ def test_int16_x_gemvs_compile_for_sm90_and_use_dp2a(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     subprocess.run(
-        [sys.executable, "scripts/gemv_sass.py", "--configs", "32x32x4", "--json", str(out)],
+        [sys.executable, "tools/sweep/gemv_sass.py", "--configs", "32x32x4", "--json", str(out)],
         cwd=Path(__file__).parents[2],
         env=env,
         check=True,

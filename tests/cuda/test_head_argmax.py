@@ -59,8 +59,8 @@ def gemv(kind, x, w, cfg, head_keys=None):
         return qg.q8_0_gemv(x, *w, cfg, head_keys=head_keys)
     if kind == "affine4":
         return ag.affine_gemv(x, *w, 4, 32, cfg, head_keys=head_keys)
-    # A dense tile of at most 16k elements: one-program's 1024 x 512 took minutes to compile on
-    # the GPU (the fourteenth session's whole-suite call ended inside those tests).
+    # A dense tile of at most 16k elements: one-program's 1024 x 512 takes minutes to compile on
+    # a GPU (benchmarks/LOG.md, entry 77f53e4).
     bn = cfg["BLOCK_N"]
     bk = min(32 * cfg["BLOCK_G"], 16384 // bn)
     dense_cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=cfg["SPLIT_K"], num_warps=4)

@@ -145,7 +145,7 @@ def test_random_checkpoint(tmp_path, monkeypatch, use_torch):
 
 
 def test_make_checkpoint_script(tmp_path):
-    script = Path(__file__).resolve().parents[2] / "scripts" / "make_checkpoint.py"
+    script = Path(__file__).resolve().parents[2] / "tools" / "make_checkpoint.py"
     run = [sys.executable, str(script), "--shape", "kipp-tiny"]
     p = subprocess.run([*run, "--out", str(tmp_path / "c")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

@@ -1,10 +1,10 @@
-"""scripts/pick_tiles.py: the in-graph sweep's winners, by hand-made step times."""
+"""tools/sweep/pick_tiles.py: the in-graph sweep's winners, by hand-made step times."""
 
 import importlib.util
 from pathlib import Path
 
 _spec = importlib.util.spec_from_file_location(
-    "pick_tiles", Path(__file__).parents[2] / "scripts" / "pick_tiles.py"
+    "pick_tiles", Path(__file__).parents[2] / "tools" / "sweep" / "pick_tiles.py"
 )
 pick_tiles = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pick_tiles)

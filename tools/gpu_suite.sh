@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|all
+#   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
+#   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
+#   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
+#               throughput and the repeated prompt (transformers in the same run), then 8B
+#               batch-1 decode in bf16, q8_0 and affine4 at a 2,048-token prompt
+#   prefill     8B bf16 2,048-token prefill with transformers in the same run, 8B 16,384 tokens,
+#               0.6B 2,048 tokens (median of 5)
+#   throughput  0.6B offline throughput over 256 requests, three times (it moves with the host)
+#   tp          (2 GPUs) the 8B TP=2 gate against TP=1, 8B decode at TP=1 and TP=2, 32B at TP=2
+#   kernels     every custom kernel against its reference and the device's ceilings
+#   all         env, tests, decode, prefill, throughput (and tp where two GPUs are visible)
+# Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
+# A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export KIPP_HOME=${KIPP_HOME:-/tmp/kipp} KIPP_CUDA_REQUIRE_KERNELS=1
+# NVLink multicast off: the fused TP=2 all-reduce and NCCL then take the plain peer path
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+
+step() { echo "== $(date +%T) $*"; }
+bench() { python -m kipp_core.cli.main bench "$@"; }
+gpus() { python -c "import torch; print(torch.cuda.device_count())"; }
+
+env_info() {  # also kept in $OUT/env.txt: the record's hardware, versions and commit
+  step env
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    python -c "import torch, triton, transformers, numpy
+print('torch', torch.__version__, 'triton', triton.__version__, 'transformers',
+      transformers.__version__, 'numpy', numpy.__version__)"
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    git status --short 2>/dev/null | head -20
+  } 2>&1 | tee "$OUT/env.txt"
+}
+
+tests() {
+  step "GPU tests: tests/cuda -k gpu"
+  python -m pytest -q -p no:cacheprovider -n 4 --timeout 300 -k gpu tests/cuda 2>&1 \
+    | tee "$OUT/tests_cuda.log" | tail -15
+  step "conformance gates on the cuda backend"
+  python -m pytest -q -p no:cacheprovider -n 4 --timeout 300 tests/conformance -k cuda 2>&1 \
+    | tee "$OUT/tests_conformance.log" | tail -6
+}
+
+decode8() {  # 8B batch-1 decode in bf16, q8_0 and affine4 (records $OUT/b8_<quant>.json)
+  for q in none q8_0 affine4; do
+    step "8B $q, batch 1, 2,048-token prompt"
+    qa=""; [ "$q" != none ] && qa="--quant $q"
+    bench --random-weights qwen3-8b --backend cuda $qa --batch-sizes 1 --prompt-len 2048 \
+      --gen-len 128 --kv-cache-memory 16GiB --json "$OUT/b8_$q.json" 2>&1 | grep -E "ready|\| kipp"
+  done
+}
+
+decode() {
+  step "0.6B: batch-1 decode and prefill, throughput, repeated prompt (transformers peer)"
+  bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 2048 \
+    --gen-len 256 --num-requests 256 --min-len 100 --max-len 1024 --prefix-len 6890 \
+    --kv-cache-memory 48GiB --peers transformers --json "$OUT/b06.json" --markdown "$OUT/b06.md" \
+    2>&1 | grep -E "\| (kipp|trans)|hroughput|refix"
+  decode8
+}
+
+prefill() {
+  step "8B bf16, 2,048-token prefill (transformers peer)"
+  bench --random-weights qwen3-8b --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 8 \
+    --kv-cache-memory 16GiB --peers transformers --json "$OUT/p8_2k.json" \
+    --markdown "$OUT/p8_2k.md" 2>&1 | grep -E "\| (kipp|trans)"
+  step "8B bf16, 16,384-token prefill"
+  bench --random-weights qwen3-8b --backend cuda --batch-sizes 1 --prompt-len 16384 --gen-len 4 \
+    --kv-cache-memory 24GiB --json "$OUT/b8_16k.json" 2>&1 | grep -E "\| kipp"
+  step "0.6B bf16, 2,048-token prefill, median of 5"
+  bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 2048 --gen-len 8 \
+    --repeats 5 --kv-cache-memory 16GiB --json "$OUT/p06_2k.json" 2>&1 | grep -E "\| kipp"
+}
+
+throughput() {
+  for i in 1 2 3; do
+    step "0.6B offline throughput, 256 requests ($i of 3)"
+    bench --random-weights qwen3-0.6b --backend cuda --batch-sizes 1 --prompt-len 16 --gen-len 8 \
+      --num-requests 256 --min-len 100 --max-len 1024 --kv-cache-memory 48GiB \
+      --json "$OUT/tput06_$i.json" 2>&1 | grep -E "hroughput"
+  done
+}
+
+tp() {
+  if [ "$(gpus)" -lt 2 ]; then echo "tp: needs 2 GPUs, $(gpus) visible"; return 1; fi
+  nvidia-smi topo -m
+  step "8B TP=2 gate: logits and greedy tokens against TP=1"
+  python tools/gates/tp_gate.py --shape qwen3-8b 2>&1 | tee "$OUT/tp_gate.log" | tail -4
+  for t in 1 2; do
+    step "8B bf16 decode, TP=$t"
+    bench --random-weights qwen3-8b --backend cuda --tensor-parallel $t --batch-sizes 1 \
+      --prompt-len 512 --gen-len 128 --kv-cache-memory 16GiB --max-model-len 8192 \
+      --json "$OUT/b8_tp$t.json" 2>&1 | grep -E "ready|\| kipp"
+  done
+  step "32B bf16 decode, TP=2"
+  bench --random-weights qwen3-32b --backend cuda --tensor-parallel 2 --batch-sizes 1 \
+    --prompt-len 512 --gen-len 128 --kv-cache-memory 16GiB --max-model-len 8192 \
+    --json "$OUT/b32_tp2.json" 2>&1 | grep -E "ready|\| kipp"
+}
+
+kernels() {
+  step "kernels against their references and the device's ceilings"
+  python -m kipp_cuda.kernels.bench 2>&1 | tee "$OUT/kernels.md" | tail -60
+}
+
+case "${1:-}" in
+env) env_info ;;
+tests) env_info; tests ;;
+decode) env_info; decode ;;
+prefill) env_info; prefill ;;
+throughput) env_info; throughput ;;
+tp) env_info; tp ;;
+kernels) env_info; kernels ;;
+all)
+  env_info; tests; decode; prefill; throughput
+  if [ "$(gpus)" -ge 2 ]; then tp; fi
+  ;;
+*)
+  sed -n 2,16p "$0" | cut -c3-
+  exit 2
+  ;;
+esac
