@@ -91,7 +91,7 @@ def test_greedy_tokens_equal_oracle(make_llm, tiny_path):
 
 def staggered(llm, ps, params, seed=6) -> dict:
     """Request i (prompt ps[i]) arrives at a random step in 0..7 of one engine; its finished
-    output by i (also scripts/resident_gate.py)."""
+    output by i (also tools/gates/resident_gate.py)."""
     eng = llm.engine
     rng = np.random.default_rng(seed)
     arrivals = sorted((int(rng.integers(0, 8)), i) for i in range(len(ps)))
