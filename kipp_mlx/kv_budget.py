@@ -25,10 +25,15 @@ def parse_bytes(value: str) -> int:
 
 
 def device_memory() -> int:
-    """The GPU's recommended working set (Metal), else system RAM."""
+    """The GPU's recommended working set (Metal) or free memory (MLX's CUDA build), else system
+    RAM."""
     if mx.default_device() == mx.gpu:
         info = mx.device_info()
-        n = info.get("max_recommended_working_set_size") or info.get("memory_size")
+        n = (
+            info.get("max_recommended_working_set_size")
+            or info.get("free_memory")
+            or info.get("memory_size")
+        )
         if n:
             return int(n)
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
-#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|all
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|all
 #   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
 #   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
 #   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
@@ -11,6 +11,10 @@
 #   throughput  0.6B offline throughput over 256 requests, three times (it moves with the host)
 #   tp          (2 GPUs) the 8B TP=2 gate against TP=1, 8B decode at TP=1 and TP=2, 32B at TP=2
 #   kernels     every custom kernel against its reference and the device's ceilings
+#   mlx         (MLX's CUDA build importable: `import mlx.core` sees the GPU) the MLX GPU tests
+#               with kernels required, then the MLX backend against mlx-lm in the same runs:
+#               0.6B and 8B, bf16 and affine4, batch-1 prefill of 2,048 and decode after 2,048
+#               and 128 tokens; 8B bf16 64 x 128; 0.6B 256-request throughput
 #   all         env, tests, decode, prefill, throughput (and tp where two GPUs are visible)
 # Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
 # A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
@@ -109,6 +113,32 @@ kernels() {
   python -m kipp_cuda.kernels.bench 2>&1 | tee "$OUT/kernels.md" | tail -60
 }
 
+mlx_bench() {  # $1 shape, $2 quant (none|affine4), $3 prompt length, $4 batch sizes, rest: more
+  local qa=""; [ "$2" != none ] && qa="--quant $2"
+  step "MLX $1 $2: batch $4, prompt $3 (mlx-lm in the same run)"
+  KIPP_MLX_REQUIRE_KERNELS=1 bench --random-weights "qwen3-$1" --backend mlx $qa --batch-sizes "$4" \
+    --prompt-len "$3" --gen-len 128 --peers mlx-lm --repeats 2 "${@:5}" \
+    --json "$OUT/mlx_$1_$2_$3_b$4.json" --markdown "$OUT/mlx_$1_$2_$3_b$4.md" 2>&1 \
+    | grep -E "^\| (kipp|mlx-lm)|hroughput|error" | cut -c1-160
+}
+
+mlx() {
+  python -c "import mlx.core as mx; assert mx.default_device() == mx.gpu, 'MLX runs on the CPU'" \
+    || return 1
+  step "MLX GPU tests, kernels required"
+  KIPP_MLX_REQUIRE_KERNELS=1 python -m pytest -q -p no:cacheprovider -n 8 --timeout 300 \
+    tests/mlx/test_kernels_gpu.py tests/mlx/test_gpu_gates.py 2>&1 | tee "$OUT/tests_mlx.log" \
+    | tail -6
+  for shape in 0.6b 8b; do
+    for q in none affine4; do mlx_bench "$shape" "$q" 2048 1; done
+  done
+  mlx_bench 0.6b none 128 1
+  mlx_bench 8b affine4 128 1
+  mlx_bench 8b none 128 64 --kv-cache-memory 16GiB
+  mlx_bench 0.6b none 16 1 --num-requests 256 --min-len 100 --max-len 1024 \
+    --kv-cache-memory 48GiB
+}
+
 case "${1:-}" in
 env) env_info ;;
 tests) env_info; tests ;;
@@ -117,12 +147,13 @@ prefill) env_info; prefill ;;
 throughput) env_info; throughput ;;
 tp) env_info; tp ;;
 kernels) env_info; kernels ;;
+mlx) env_info; mlx ;;
 all)
   env_info; tests; decode; prefill; throughput
   if [ "$(gpus)" -ge 2 ]; then tp; fi
   ;;
 *)
-  sed -n 2,16p "$0" | cut -c3-
+  sed -n 2,20p "$0" | cut -c3-
   exit 2
   ;;
 esac
