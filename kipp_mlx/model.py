@@ -11,8 +11,10 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from kipp_core.config import ModelConfig
+from kipp_core.rope import attention_factor, inv_freq
 from kipp_mlx.attention import AttentionMetadata, attend
 from kipp_mlx.kv_cache import PagedKVCache
 
@@ -35,6 +37,12 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.rope_theta = cfg.rope_theta
+        # YaRN: kipp_core.rope's blended frequencies, as the periods mx.fast.rope takes, and its
+        # attention factor on the input (the same product as scaling cos and sin)
+        self._rope_freqs, self._rope_scale = None, attention_factor(cfg.rope_scaling)
+        if cfg.yarn:
+            periods = 1.0 / inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+            self._rope_freqs = mx.array(periods.astype(np.float32))
         h = cfg.hidden_size
         self.q_proj = nn.Linear(h, cfg.q_size, bias=False)
         self.k_proj = nn.Linear(h, cfg.kv_size, bias=False)
@@ -47,13 +55,16 @@ class Attention(nn.Module):
     def rope(self, x: mx.array, positions: mx.array) -> mx.array:
         # x: [T, H, D] -> [T, H, 1, D] so each token is its own batch entry with its own offset.
         T, H, D = x.shape
+        if self._rope_scale != 1.0:
+            x = x * self._rope_scale
         y = mx.fast.rope(
             x[:, :, None, :],
             D,
             traditional=False,
-            base=self.rope_theta,
+            base=None if self._rope_freqs is not None else self.rope_theta,
             scale=1.0,
             offset=positions,
+            freqs=self._rope_freqs,
         )
         return y.reshape(T, H, D)
 

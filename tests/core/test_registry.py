@@ -128,10 +128,10 @@ def test_newer_transformers_rope_parameters():
     assert ModelConfig.from_dict(d).rope_theta == 1e6
 
 
-def test_yarn_rejected_clearly():
-    with pytest.raises(ValueError, match="rope_scaling"):
+def test_unimplemented_rope_rejected_clearly():
+    with pytest.raises(ValueError, match="rope_scaling: rope type 'linear' is not supported"):
         ModelConfig.from_dict(
-            {**QWEN3_06B_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+            {**QWEN3_06B_CONFIG, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
         )
 
 
