@@ -10,6 +10,7 @@ from collections.abc import Sequence as SequenceABC
 from kipp_core.backend import BackendOptions, backend_class, default_backend
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
+from kipp_core.long_context import long_context_config
 from kipp_core.outputs import RequestOutput
 from kipp_core.resolve import DEFAULT_MODEL, resolve_model
 from kipp_core.sampling import SamplingParams, TokenLogprob
@@ -51,9 +52,14 @@ class LLM:
         speculative: str | None = None,
         speculative_model: str | None = None,
         num_speculative_tokens: int = 4,
+        rope_scaling: dict | str | None = None,
     ):
         path, entry = resolve_model(model)
         self.checkpoint = Checkpoint(path, entry)
+        # --max-model-len past the native context, or --rope-scaling: YaRN (kipp_core.long_context)
+        self.checkpoint.config = long_context_config(
+            self.checkpoint.config, self.checkpoint.entry, max_model_len, rope_scaling
+        )
         self.config = self.checkpoint.config
         self.tokenizer = Tokenizer(path)
         self.backend_name = default_backend() if backend == "auto" else backend

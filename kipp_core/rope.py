@@ -92,7 +92,7 @@ def normalize(scaling, max_position_embeddings: int, where: str = "rope_scaling"
         raise ValueError(f"{where}.truncate must be true or false, got {truncate!r}")
     out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
     out.update(rope_type="yarn", factor=float(factor), original_max_position_embeddings=original)
-    return out, int(original * factor)
+    return out, round(original * factor)
 
 
 def _mscale(scale: float, mscale: float = 1.0) -> float:
