@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Sequence as SequenceABC
 
 from kipp_core.backend import BackendOptions, backend_class, default_backend
+from kipp_core.chat_template import chat_template_for, read_template
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
 from kipp_core.long_context import long_context_config
@@ -62,6 +63,12 @@ class LLM:
         )
         self.config = self.checkpoint.config
         self.tokenizer = Tokenizer(path)
+        self.chat_template = chat_template_for(
+            read_template(path, self.tokenizer.config),
+            entry.chat_template if (entry := self.checkpoint.entry) else "qwen3",
+            self.tokenizer.config,
+            str(path),
+        )
         self.backend_name = default_backend() if backend == "auto" else backend
         self.options = BackendOptions(
             dtype=dtype,

@@ -155,3 +155,15 @@ def conversations(draw):
 )
 def test_random_conversations_match_references(hf_tok, messages, tools, gen, think):
     check(hf_tok, messages, tools, gen, think)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=conversations(),
+    tools=st.sampled_from([None, 0, 1, 2]).flatmap(tool_lists),
+    gen=st.booleans(),
+    think=st.booleans(),
+    template=st.sampled_from(["qwen3-instruct-2507", "qwen3-thinking-2507"]),
+)
+def test_random_conversations_match_2507_references(hf_toks, messages, tools, gen, think, template):
+    check(hf_toks[template], messages, tools, gen, think, template)
