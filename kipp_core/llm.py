@@ -11,6 +11,7 @@ from kipp_core.backend import BackendOptions, backend_class, default_backend
 from kipp_core.chat_template import chat_template_for, read_template
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
+from kipp_core.kv_budget import kv_summary
 from kipp_core.long_context import long_context_config
 from kipp_core.outputs import RequestOutput
 from kipp_core.resolve import DEFAULT_MODEL, resolve_model
@@ -119,6 +120,19 @@ class LLM:
                 async_scheduling=async_scheduling,
             ),
         )
+        per_token = getattr(self.backend, "kv_bytes_per_token", None)
+        if per_token:
+            e = self.checkpoint.entry
+            model_max = max(self.config.max_position_embeddings, e.max_context_length if e else 0)
+            log.info(
+                kv_summary(
+                    per_token,
+                    self.backend.num_blocks,
+                    self.backend.block_size,
+                    self.engine.max_model_len,
+                    model_max,
+                )
+            )
 
     @property
     def registry_entry(self):

@@ -75,7 +75,14 @@ class ShardBackend:
             self.num_blocks = opts.num_blocks
         else:
             self.num_blocks, _ = kv_cache.num_blocks_for(
-                opts.kv_cache_memory, cfg, self.block_size, dtype, opts.kv_quant, device, tp_size
+                opts.kv_cache_memory,
+                cfg,
+                self.block_size,
+                dtype,
+                opts.kv_quant,
+                device,
+                tp_size,
+                max_len,
             )
         if tp_size > 1:  # every rank must hold the same block pool
             n = torch.tensor([self.num_blocks], device=device)
@@ -83,6 +90,7 @@ class ShardBackend:
             self.num_blocks = int(n.item())
         budget = self.num_blocks * per_block
         capacity = self.num_blocks * self.block_size
+        self.kv_bytes_per_token = per_block * tp_size / self.block_size  # all ranks together
         if capacity < max_len:
             per_tok = per_block / self.block_size
             raise ValueError(

@@ -25,6 +25,9 @@ _UNITS = {
 }
 DEFAULT_FRACTION = 0.3  # of free memory after weights: a 0.6B model never takes the whole card
 DEFAULT_CAP = 16 * 2**30
+# The default grows to one full-context request where that fits in this much of free memory: an
+# 8B context of 131,072 tokens (YaRN) is 18 GiB of bf16 KV, more than the cap
+FULL_CONTEXT_FRACTION = 0.9
 
 
 def parse_memory(value) -> tuple[str, float]:
@@ -69,12 +72,17 @@ def num_blocks_for(
     kv_quant: str | None,
     device: torch.device,
     tp_size: int = 1,
+    min_tokens: int = 0,
 ) -> tuple[int, int]:
-    """(num_blocks, budget bytes) from the user's budget, or the modest default."""
+    """(num_blocks, budget bytes) from the user's budget, or the modest default, raised to hold
+    `min_tokens` (one full-context request) where free memory allows."""
     per = bytes_per_block(cfg, block_size, dtype, kv_quant, tp_size)
     free = free_memory(device)
     if budget is None:
         nbytes = min(DEFAULT_FRACTION * free, DEFAULT_CAP if device.type == "cuda" else 2 * 2**30)
+        need = -(-min_tokens // block_size) * per
+        if nbytes < need <= FULL_CONTEXT_FRACTION * free:
+            nbytes = need
     else:
         kind, v = parse_memory(budget)
         nbytes = v * free if kind == "fraction" else v

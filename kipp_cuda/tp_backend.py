@@ -150,6 +150,7 @@ class TPBackend:
         self.config = self.shard.config
         self.block_size = self.shard.block_size
         self.num_blocks = self.shard.num_blocks
+        self.kv_bytes_per_token = self.shard.kv_bytes_per_token
         threading.Thread(target=self._watchdog, name="kipp-tp-watchdog", daemon=True).start()
         log.info("tensor parallel over %d %s devices", world, device_type)
 

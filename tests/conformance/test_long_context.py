@@ -28,3 +28,16 @@ def test_needle_greedy_tokens_past_the_original_window(make_llm, make_checkpoint
     path = make_checkpoint(CFG, seed=29)
     out = make_llm(path, block_size=16, max_num_batched_tokens=48).generate([PROMPT], GREEDY)[0]
     assert out.token_ids == oracle_greedy(path, PROMPT, GREEDY.max_tokens)
+
+
+def test_startup_logs_kv_per_token_and_longest_context(make_llm, make_checkpoint, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="kipp"):
+        make_llm(make_checkpoint(CFG, seed=23), num_kv_blocks=64, block_size=16)
+    # float32 K and V: 2 layers x 2 kv heads x 32 dims x 2 x 4 bytes = 1 KiB a token
+    want = (
+        "KV cache: 1.00 KiB a token; 64 blocks of 16 = 1,024 tokens in 1.00 MiB; the longest "
+        "context that fits: 256 tokens (the model allows 256, max_model_len is 256)"
+    )
+    assert want in caplog.text

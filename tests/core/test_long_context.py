@@ -63,3 +63,60 @@ def test_llm_and_cli_take_both(tiny_path):
     assert llm.engine.max_model_len == 8192 and llm.backend.config is llm.config
     with pytest.raises(ValueError, match="kipp-tiny, which has no YaRN recipe"):
         LLM("kipp-tiny", max_model_len=8192)
+
+
+# -- the engine at 131,072 tokens: scheduler, block manager and prefix cache, no forward ---------
+
+
+class NoOpBackend:
+    """The backend contract with no model (scripts/engine_overhead.py): every sample is token 5."""
+
+    def __init__(self, inner):
+        self.config, self.block_size, self.num_blocks = (
+            inner.config,
+            inner.block_size,
+            inner.num_blocks,
+        )
+        self.num_hidden_slots = inner.num_hidden_slots
+        self.steps: list[int] = []  # tokens of each step
+
+    def execute(self, batch):
+        from kipp_core.backend import SeqOutput
+
+        self.steps.append(batch.num_tokens)
+        return [SeqOutput(token_ids=[5]) for _ in batch.seqs]
+
+
+def test_engine_at_131k_tokens(make_checkpoint):
+    import numpy as np
+
+    from kipp_core.llm import LLM
+    from kipp_core.sampling import SamplingParams
+    from tests.conftest import small_config
+
+    cfg = small_config(vocab_size=512, max_position_embeddings=32768).with_rope_scaling(
+        {"rope_type": "yarn", "factor": 4.0}
+    )
+    n = 131072
+    llm = LLM(str(make_checkpoint(cfg, seed=1)), num_kv_blocks=n // 32 * 3 // 2)
+    assert llm.engine.max_model_len == n
+    eng, bm = llm.engine, llm.engine.block_manager
+    eng.backend = backend = NoOpBackend(eng.backend)
+    prompt = np.random.default_rng(0).integers(0, 512, n - 8).tolist()
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = llm.generate([prompt], params)[0]
+    assert out.token_ids == [5] * 8 and out.metrics.num_cached_tokens == 0
+    # chunked prefill under the 8,192-token budget, then one decode a step
+    assert backend.steps == [8192] * 15 + [n - 8 - 15 * 8192] + [1] * 7
+    bm.check_all_free()
+    # the same prompt: a prompt-end hit (no layer runs); a new last token: every full block hits
+    again = llm.generate([prompt], params)[0].metrics
+    assert again.num_cached_tokens == len(prompt)
+    edited = llm.generate([prompt[:-1] + [7]], params)[0].metrics
+    assert edited.num_cached_tokens == (len(prompt) - 1) // 32 * 32
+    # two full contexts in a pool of one and a half: the second waits or is preempted, both finish
+    outs = llm.generate([prompt[::-1], prompt[1:] + [9]], params)
+    assert [len(o.token_ids) for o in outs] == [8, 8]
+    bm.check_all_free()
+    with pytest.raises(ValueError, match="131072"):  # prompt plus max_tokens past the context
+        llm.generate([prompt + [1] * 8], params)
