@@ -95,9 +95,9 @@ CHECKED_FIELDS = (
 )
 
 
-def _qwen3(size: str, base: bool) -> RegistryEntry:
+def _config(size: str, context: int, theta: float, eos: int) -> ModelConfig:
     h, i, n, nh, nkv, tied = _SHAPES[size]
-    cfg = ModelConfig(
+    return ModelConfig(
         vocab_size=151936,
         hidden_size=h,
         intermediate_size=i,
@@ -105,16 +105,20 @@ def _qwen3(size: str, base: bool) -> RegistryEntry:
         num_attention_heads=nh,
         num_key_value_heads=nkv,
         head_dim=128,
-        # Base checkpoints: 32768 context and <|endoftext|> as eos (QWEN3.md "Base models").
-        max_position_embeddings=32768 if base else 40960,
-        rope_theta=1_000_000.0,
+        max_position_embeddings=context,
+        rope_theta=theta,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tied,
         torch_dtype="bfloat16",
         bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=ENDOFTEXT_ID if base else IM_END_ID,
+        eos_token_id=eos,
         max_window_layers=n,
     )
+
+
+def _qwen3(size: str, base: bool) -> RegistryEntry:
+    # Base checkpoints: 32768 context and <|endoftext|> as eos (QWEN3.md "Base models").
+    cfg = _config(size, 32768 if base else 40960, 1_000_000.0, ENDOFTEXT_ID if base else IM_END_ID)
     suffix = "-Base" if base else ""
     repo = f"Qwen/Qwen3-{size}{suffix}"
     name = f"qwen3-{size.lower()}{suffix.lower()}"
@@ -136,24 +140,7 @@ def _qwen3_2507(kind: str) -> RegistryEntry:
     Sampling: the model cards (Instruct's generation_config.json agrees; Thinking's is not
     published, its card's values are used). Neither has a second mode: Instruct never thinks,
     Thinking always does; no YaRN recipe is published for them."""
-    h, i, n, nh, nkv, tied = _SHAPES["4B"]
-    cfg = ModelConfig(
-        vocab_size=151936,
-        hidden_size=h,
-        intermediate_size=i,
-        num_hidden_layers=n,
-        num_attention_heads=nh,
-        num_key_value_heads=nkv,
-        head_dim=128,
-        max_position_embeddings=262144,
-        rope_theta=5_000_000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tied,
-        torch_dtype="bfloat16",
-        bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=IM_END_ID,
-        max_window_layers=n,
-    )
+    cfg = _config("4B", 262144, 5_000_000.0, IM_END_ID)
     sampling = NON_THINKING_DEFAULTS if kind == "Instruct" else THINKING_DEFAULTS
     return RegistryEntry(
         name=f"qwen3-4b-{kind.lower()}-2507",
