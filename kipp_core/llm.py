@@ -98,6 +98,11 @@ class LLM:
                         f"draft model vocab_size {dck.config.vocab_size} differs from the target's "
                         f"{self.config.vocab_size}: speculation needs the same tokenizer"
                     )
+                try:  # the draft runs every position the target does
+                    ctx = max_model_len or self.config.max_position_embeddings
+                    dck.config = long_context_config(dck.config, dck.entry, ctx, rope_scaling)
+                except ValueError as e:
+                    raise ValueError(f"draft model: {e}") from None
                 draft = cls(dck, self.options)
             spec = SpecConfig(
                 method="draft" if draft is not None else (speculative or "ngram"),

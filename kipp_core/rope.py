@@ -90,7 +90,7 @@ def normalize(scaling, max_position_embeddings: int, where: str = "rope_scaling"
     truncate = scaling.get("truncate", True)
     if not isinstance(truncate, bool):
         raise ValueError(f"{where}.truncate must be true or false, got {truncate!r}")
-    out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
+    out = {k: v for k, v in scaling.items() if k in YARN_KEYS - {"type", "rope_theta"}}
     out.update(rope_type="yarn", factor=float(factor), original_max_position_embeddings=original)
     return out, round(original * factor)
 

@@ -58,11 +58,15 @@ def test_refusals_name_the_field(name, n, scaling, match):
 def test_llm_and_cli_take_both(tiny_path):
     from kipp_core.llm import LLM
 
-    llm = LLM("kipp-tiny", rope_scaling={"rope_type": "yarn", "factor": 2.0}, max_model_len=8192)
+    yarn_2x = {"rope_type": "yarn", "factor": 2.0}
+    llm = LLM("kipp-tiny", rope_scaling=yarn_2x, max_model_len=8192)
     assert llm.config.rope_scaling["original_max_position_embeddings"] == 4096
     assert llm.engine.max_model_len == 8192 and llm.backend.config is llm.config
     with pytest.raises(ValueError, match="kipp-tiny, which has no YaRN recipe"):
         LLM("kipp-tiny", max_model_len=8192)
+    # a draft model runs every position the target does, so it gets the same RoPE
+    spec = LLM("kipp-tiny", speculative_model="kipp-tiny", rope_scaling=yarn_2x).engine.spec
+    assert spec.config.draft_backend.config.max_position_embeddings == 8192
 
 
 # -- the engine at 131,072 tokens: scheduler, block manager and prefix cache, no forward ---------
