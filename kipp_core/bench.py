@@ -38,6 +38,7 @@ class BenchSpec:
     max_len: int = 1024
     prefix_len: int = 0  # prefix-cache cold/warm TTFT at this prompt length (0 skips it)
     chat_turns: int = 0  # multi-turn chat TTFT (0 skips it)
+    context_lens: list[int] = field(default_factory=list)  # batch-1 long-context rows
     seed: int = 0
 
 
@@ -249,8 +250,11 @@ def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
     """Every measurement of `spec` on `llm`; returns the result dict that `to_markdown` shows."""
     from tqdm import tqdm
 
+    from kipp_core.bench_context import context_rows, rope_line
+
     rng = np.random.default_rng(spec.seed)
     parts = [bool(spec.num_requests), bool(spec.prefix_len), bool(spec.chat_turns)]
+    parts.append(bool(spec.context_lens))
     bar = tqdm(total=len(spec.batch_sizes) + sum(parts), desc="bench", disable=None, leave=False)
     rows = []
     for b in spec.batch_sizes:
@@ -265,7 +269,12 @@ def run_benchmarks(llm, spec: BenchSpec, log=print) -> dict:
             f"batch {b}: prefill {pre['prefill_tok_s']:.1f} tok/s, decode "
             f"{dec['decode_tok_s']:.1f} tok/s, ttft {pre['ttft_s'] * 1000:.1f} ms"
         )
-    result = {"spec": asdict(spec), "rows": rows}
+    if spec.context_lens:
+        rows += context_rows(
+            llm, spec.context_lens, spec.gen_len, rng, spec.repeats, spec.warmup, log
+        )
+        bar.update()
+    result = {"spec": asdict(spec), "rows": rows, "rope": rope_line(llm.config)}
     if spec.num_requests:
         result["throughput"] = measure_throughput(
             llm,
@@ -350,6 +359,7 @@ def to_markdown(result: dict) -> str:
         f"- hardware: {hw['gpu'] or 'no GPU'}; {hw['cpu']} ({hw['cpu_count']} cores); "
         f"{hw['platform']}",
         f"- date: {run['date']}; kipp {run['version']}",
+        *([f"- {result['rope']}"] if "rope" in result else []),
         f"- peak memory ({result['memory']['kind']}): "
         f"{result['memory']['peak_memory_bytes'] / 2**30:.2f} GiB",
         "",

@@ -1,5 +1,6 @@
-# Native renderer for the official Qwen3 chat template (kipp_core/data/chat_template.jinja),
-# plain Python so that serving needs no jinja.
+# Native renderer for the official Qwen3 chat templates (kipp_core/data/chat_template*.jinja),
+# plain Python so that serving needs no jinja. The 2507 templates are the Qwen3 one with another
+# generation prompt (kipp_core/data/NOTICE).
 
 from __future__ import annotations
 
@@ -83,24 +84,38 @@ def _validate(messages: object, tools: object) -> None:
         raise ValueError("tools must be a list or None")
 
 
+# What each template appends for add_generation_prompt: (always, and when enable_thinking is
+# false). Qwen3's `is false` is an identity test, so 0 does not count.
+GENERATION_PROMPTS = {
+    "qwen3": ("<|im_start|>assistant\n", "<think>\n\n</think>\n\n"),
+    "qwen3-instruct-2507": ("<|im_start|>assistant\n", ""),  # enable_thinking is ignored
+    "qwen3-thinking-2507": ("<|im_start|>assistant\n<think>\n", ""),  # it opens the block
+}
+
+
 def render(
     messages: list[dict],
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
     enable_thinking: bool = True,
+    template: str = "qwen3",
 ) -> str:
-    """Render `messages` into the Qwen3 prompt text, byte-identical to the official chat template.
+    """Render `messages` into the prompt text, byte-identical to the official chat template named
+    `template` (a key of GENERATION_PROMPTS).
 
     Messages are dicts with a string "role": "system", "user", "assistant" or "tool" (other roles
     are skipped, as the template skips them). Content that is not a string renders as ''.
     Assistant messages may carry "reasoning_content" and "tool_calls" (each a dict with "name" and
     "arguments", optionally wrapped as {"function": {...}}; non-string arguments are dumped as
     JSON). `tools` are JSON schemas listed in the system turn. With `enable_thinking=False` the
-    generation prompt is followed by an empty think block. Raises ValueError on input the
-    template cannot render (not a list, no role, a non-string leading system prompt, a malformed
-    tool call, data that is not JSON-serializable).
+    Qwen3 template follows the generation prompt with an empty think block; the 2507 templates
+    ignore it (Thinking-2507's generation prompt opens the think block itself). Raises ValueError
+    on input the template cannot render (not a list, no role, a non-string leading system prompt,
+    a malformed tool call, data that is not JSON-serializable).
     """
     _validate(messages, tools)
+    if template not in GENERATION_PROMPTS:
+        raise ValueError(f"unknown chat template {template!r}")
     n = len(messages)
     has_system = messages[0]["role"] == "system"
     out = []
@@ -138,7 +153,6 @@ def render(
                 out.append("<|im_end|>\n")
 
     if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-        if enable_thinking is False:  # jinja's `is false` is an identity test; 0 does not count
-            out.append("<think>\n\n</think>\n\n")
+        prompt, no_think = GENERATION_PROMPTS[template]
+        out.append(prompt + (no_think if enable_thinking is False else ""))
     return "".join(out)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+from kipp_core.rope import normalize, rope_type
 
 SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 SUPPORTED_MODEL_TYPE = "qwen3"
@@ -40,7 +42,8 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] = 151645
     attention_bias: bool = False
     hidden_act: str = "silu"
-    rope_scaling: dict | None = None
+    # None (the default RoPE) or a normalized YaRN dict (kipp_core.rope.normalize); not hashed
+    rope_scaling: dict | None = field(default=None, hash=False)
     sliding_window: int | None = None
     use_sliding_window: bool = False
     max_window_layers: int | None = None
@@ -84,11 +87,21 @@ class ModelConfig:
                 kw[k] = v
         if "head_dim" not in kw or kw["head_dim"] is None:
             kw["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
-        if "rope_theta" not in kw:
-            # Newer transformers writes rope_parameters.rope_theta instead of rope_theta.
-            rp = d.get("rope_parameters") or {}
-            if "rope_theta" in rp:
-                kw["rope_theta"] = rp["rope_theta"]
+        # transformers 5 writes rope_parameters (rope_theta, rope_type and YaRN's keys together)
+        # instead of rope_theta and rope_scaling; a rope_scaling given beside it wins, as there.
+        rp = d.get("rope_parameters")
+        if rp is not None and not isinstance(rp, dict):
+            raise ValueError(f"config.json: rope_parameters must be an object, got {rp!r}")
+        rp = rp or {}
+        if "rope_theta" not in kw and "rope_theta" in rp:
+            kw["rope_theta"] = rp["rope_theta"]
+        where = "config.json: rope_scaling"
+        if not kw.get("rope_scaling") and rope_type(rp) != "default":
+            kw["rope_scaling"], where = rp, "config.json: rope_parameters"
+        if "max_position_embeddings" in kw:
+            kw["rope_scaling"], kw["max_position_embeddings"] = normalize(
+                kw.get("rope_scaling"), kw["max_position_embeddings"], where
+            )
         if "torch_dtype" not in kw and "dtype" in d:
             kw["torch_dtype"] = d["dtype"]
         if isinstance(kw.get("eos_token_id"), list):
@@ -144,11 +157,25 @@ class ModelConfig:
             raise ValueError("config.json: attention_bias=true is not a Qwen3 dense checkpoint")
         if self.hidden_act != "silu":
             raise ValueError(f"config.json: hidden_act must be 'silu', got {self.hidden_act!r}")
-        if self.rope_scaling not in (None, {}):
+        scaling, ctx = normalize(self.rope_scaling, 1, "config.json: rope_scaling")
+        if scaling is not None and ctx != self.max_position_embeddings:
             raise ValueError(
-                f"config.json: rope_scaling {self.rope_scaling!r} is not supported "
-                "(Kipp runs the native 32K/40K context; YaRN is not implemented)"
+                f"config.json: max_position_embeddings {self.max_position_embeddings} is not "
+                f"what rope_scaling gives ({ctx}); build the config with with_rope_scaling"
             )
+
+    @property
+    def yarn(self) -> bool:
+        return self.rope_scaling is not None
+
+    def with_rope_scaling(self, scaling: dict | None) -> ModelConfig:
+        """This config with its RoPE replaced: YaRN (`max_position_embeddings` becomes the
+        context it gives) or None, the default RoPE over the original context."""
+        base = self.max_position_embeddings
+        if self.rope_scaling is not None:
+            base = self.rope_scaling["original_max_position_embeddings"]
+        rs, ctx = normalize(scaling, base, "rope_scaling")
+        return replace(self, rope_scaling=rs, max_position_embeddings=ctx)
 
 
 def _required(f) -> bool:

@@ -9,6 +9,9 @@ pool. The pool never takes more than SERVE_FRACTION of the memory free after the
 gpu_memory_utilization, though vLLM takes it of the whole card whatever the model). So a small
 model stops at what its streams can use: Qwen3-0.6B at 256 sequences takes 56 GiB (112 KiB a
 token), 43% of a 139 GB H200, and a 32B model the 90%.
+
+`kv_summary` is the budget in one log line, written at start-up whatever the backend: the memory a
+token of context takes, the tokens the pool holds, and the longest context that fits in it.
 """
 
 from __future__ import annotations
@@ -63,3 +66,24 @@ def serving_budget(
         why = f"serving default: {free}; room for {room} would need {need:.1f} GiB"
         n = cap
     return KVBudget(n, n * bytes_per_block, why)
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def kv_summary(
+    bytes_per_token: float, num_blocks: int, block_size: int, max_model_len: int, model_max: int
+) -> str:
+    """`model_max`: the longest context the model may run (its YaRN recipe's, where it has one)."""
+    capacity = num_blocks * block_size
+    fits = min(capacity, model_max)
+    return (
+        f"KV cache: {_size(bytes_per_token)} a token; {num_blocks:,} blocks of {block_size} = "
+        f"{capacity:,} tokens in {_size(capacity * bytes_per_token)}; the longest context that "
+        f"fits: {fits:,} tokens (the model allows {model_max:,}, max_model_len is "
+        f"{max_model_len:,})"
+    )

@@ -8,8 +8,11 @@ import uuid
 from collections.abc import Sequence as SequenceABC
 
 from kipp_core.backend import BackendOptions, backend_class, default_backend
+from kipp_core.chat_template import chat_template_for, read_template
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
+from kipp_core.kv_budget import kv_summary
+from kipp_core.long_context import long_context_config
 from kipp_core.outputs import RequestOutput
 from kipp_core.resolve import DEFAULT_MODEL, resolve_model
 from kipp_core.sampling import SamplingParams, TokenLogprob
@@ -52,13 +55,24 @@ class LLM:
         speculative: str | None = None,
         speculative_model: str | None = None,
         num_speculative_tokens: int = 4,
+        rope_scaling: dict | str | None = None,
     ):
         if kv_sizing not in ("offline", "serving"):
             raise ValueError(f"kv_sizing must be 'offline' or 'serving', got {kv_sizing!r}")
         path, entry = resolve_model(model)
         self.checkpoint = Checkpoint(path, entry)
+        # --max-model-len past the native context, or --rope-scaling: YaRN (kipp_core.long_context)
+        self.checkpoint.config = long_context_config(
+            self.checkpoint.config, self.checkpoint.entry, max_model_len, rope_scaling
+        )
         self.config = self.checkpoint.config
         self.tokenizer = Tokenizer(path)
+        self.chat_template = chat_template_for(
+            read_template(path, self.tokenizer.config),
+            entry.chat_template if (entry := self.checkpoint.entry) else "qwen3",
+            self.tokenizer.config,
+            str(path),
+        )
         self.backend_name = default_backend() if backend == "auto" else backend
         self.options = BackendOptions(
             dtype=dtype,
@@ -88,6 +102,11 @@ class LLM:
                         f"draft model vocab_size {dck.config.vocab_size} differs from the target's "
                         f"{self.config.vocab_size}: speculation needs the same tokenizer"
                     )
+                try:  # the draft runs every position the target does
+                    ctx = max_model_len or self.config.max_position_embeddings
+                    dck.config = long_context_config(dck.config, dck.entry, ctx, rope_scaling)
+                except ValueError as e:
+                    raise ValueError(f"draft model: {e}") from None
                 draft = cls(dck, self.options)
             spec = SpecConfig(
                 method="draft" if draft is not None else (speculative or "ngram"),
@@ -110,6 +129,19 @@ class LLM:
                 async_scheduling=async_scheduling,
             ),
         )
+        per_token = getattr(self.backend, "kv_bytes_per_token", None)
+        if per_token:
+            e = self.checkpoint.entry
+            model_max = max(self.config.max_position_embeddings, e.max_context_length if e else 0)
+            log.info(
+                kv_summary(
+                    per_token,
+                    self.backend.num_blocks,
+                    self.backend.block_size,
+                    self.engine.max_model_len,
+                    model_max,
+                )
+            )
 
     @property
     def registry_entry(self):

@@ -1,7 +1,9 @@
 """The checkpoint registry: every Qwen3 dense checkpoint Kipp knows, with its exact shape.
 
 Values are from `config.json` / `generation_config.json` of the Hub repos (see QWEN3.md sections 1
-and 2). A loaded config is checked field by field against its entry.
+and 2; the 2507 refreshes: QWEN3-2507.md sections 1 and 2). A loaded config is checked field by
+field against its entry. An entry with a `yarn` recipe may run past its native context with static
+YaRN (Qwen's docs: 4B to 32B, factor 4 over 32,768 positions = 131,072).
 """
 
 from __future__ import annotations
@@ -29,6 +31,28 @@ NON_THINKING_DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.8, top_k=20)
 
 
 @dataclass(frozen=True)
+class YarnRecipe:
+    """The static YaRN a checkpoint's model card validates: `factor` over `original` positions."""
+
+    factor: float
+    original_max_position_embeddings: int
+
+    @property
+    def max_context(self) -> int:
+        return int(self.factor * self.original_max_position_embeddings)
+
+    def scaling(self, factor: float | None = None) -> dict:
+        return {
+            "rope_type": "yarn",
+            "factor": float(factor or self.factor),
+            "original_max_position_embeddings": self.original_max_position_embeddings,
+        }
+
+
+QWEN3_YARN = YarnRecipe(4.0, 32768)  # QWEN3.md "Context length / YaRN"
+
+
+@dataclass(frozen=True)
 class RegistryEntry:
     name: str
     repo_id: str
@@ -38,10 +62,17 @@ class RegistryEntry:
     sampling_non_thinking: SamplingDefaults = NON_THINKING_DEFAULTS
     is_base: bool = False
     aliases: tuple[str, ...] = field(default=())
+    yarn: YarnRecipe | None = None
+    chat_template: str = "qwen3"  # kipp_core.chat_template.TEMPLATES: the one its repo ships
 
     @property
     def context_length(self) -> int:
         return self.config.max_position_embeddings
+
+    @property
+    def max_context_length(self) -> int:
+        """The longest context it may run: with its YaRN recipe where it has one."""
+        return self.yarn.max_context if self.yarn else self.context_length
 
 
 # (hidden, intermediate, layers, heads, kv_heads, tied) per size, QWEN3.md section 1.
@@ -64,9 +95,9 @@ CHECKED_FIELDS = (
 )
 
 
-def _qwen3(size: str, base: bool) -> RegistryEntry:
+def _config(size: str, context: int, theta: float, eos: int) -> ModelConfig:
     h, i, n, nh, nkv, tied = _SHAPES[size]
-    cfg = ModelConfig(
+    return ModelConfig(
         vocab_size=151936,
         hidden_size=h,
         intermediate_size=i,
@@ -74,16 +105,20 @@ def _qwen3(size: str, base: bool) -> RegistryEntry:
         num_attention_heads=nh,
         num_key_value_heads=nkv,
         head_dim=128,
-        # Base checkpoints: 32768 context and <|endoftext|> as eos (QWEN3.md "Base models").
-        max_position_embeddings=32768 if base else 40960,
-        rope_theta=1_000_000.0,
+        max_position_embeddings=context,
+        rope_theta=theta,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tied,
         torch_dtype="bfloat16",
         bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=ENDOFTEXT_ID if base else IM_END_ID,
+        eos_token_id=eos,
         max_window_layers=n,
     )
+
+
+def _qwen3(size: str, base: bool) -> RegistryEntry:
+    # Base checkpoints: 32768 context and <|endoftext|> as eos (QWEN3.md "Base models").
+    cfg = _config(size, 32768 if base else 40960, 1_000_000.0, ENDOFTEXT_ID if base else IM_END_ID)
     suffix = "-Base" if base else ""
     repo = f"Qwen/Qwen3-{size}{suffix}"
     name = f"qwen3-{size.lower()}{suffix.lower()}"
@@ -95,6 +130,27 @@ def _qwen3(size: str, base: bool) -> RegistryEntry:
         stop_token_ids=stops,
         is_base=base,
         aliases=(f"qwen3-{size}{suffix}", f"Qwen3-{size}{suffix}"),
+        yarn=None if size in ("0.6B", "1.7B") else QWEN3_YARN,  # 32K-only sizes (tech report)
+    )
+
+
+def _qwen3_2507(kind: str) -> RegistryEntry:
+    """Qwen3-4B-Instruct-2507 / -Thinking-2507: the 4B shape at rope_theta 5,000,000 and 262,144
+    native positions (QWEN3-2507.md section 1.1, 2.1: the two config.json are byte-identical).
+    Sampling: the model cards (Instruct's generation_config.json agrees; Thinking's is not
+    published, its card's values are used). Neither has a second mode: Instruct never thinks,
+    Thinking always does; no YaRN recipe is published for them."""
+    cfg = _config("4B", 262144, 5_000_000.0, IM_END_ID)
+    sampling = NON_THINKING_DEFAULTS if kind == "Instruct" else THINKING_DEFAULTS
+    return RegistryEntry(
+        name=f"qwen3-4b-{kind.lower()}-2507",
+        repo_id=f"Qwen/Qwen3-4B-{kind}-2507",
+        config=cfg,
+        stop_token_ids=(IM_END_ID, ENDOFTEXT_ID),
+        sampling=sampling,
+        sampling_non_thinking=sampling,
+        aliases=(f"Qwen3-4B-{kind}-2507",),
+        chat_template=f"qwen3-{kind.lower()}-2507",
     )
 
 
@@ -128,6 +184,9 @@ for _size in _SHAPES:
     for _base in (False, True):
         _e = _qwen3(_size, _base)
         REGISTRY[_e.name] = _e
+for _kind in ("Instruct", "Thinking"):
+    _e = _qwen3_2507(_kind)
+    REGISTRY[_e.name] = _e
 
 
 def lookup(name_or_repo: str) -> RegistryEntry | None:
@@ -140,8 +199,11 @@ def lookup(name_or_repo: str) -> RegistryEntry | None:
 
 
 def check_config(cfg: ModelConfig, entry: RegistryEntry) -> None:
-    """Raise ValueError naming the first field where `cfg` differs from the registry entry."""
+    """Raise ValueError naming the first field where `cfg` differs from the registry entry. Under
+    YaRN the context is the one it gives (original x factor), not the entry's."""
     for name in CHECKED_FIELDS:
+        if name == "max_position_embeddings" and cfg.yarn:
+            continue
         got, want = getattr(cfg, name), getattr(entry.config, name)
         if name == "eos_token_id":
             ok = set(cfg.eos_token_ids) <= set(entry.stop_token_ids) | set(

@@ -127,7 +127,9 @@ def write_checkpoint(
         d["_name_or_path"] = entry.repo_id
     (out / "config.json").write_text(json.dumps(d, indent=2))
     (out / "generation_config.json").write_text(json.dumps(generation_config(entry, cfg), indent=2))
-    write_tokenizer(out, base=bool(entry and entry.is_base))
+    write_tokenizer(
+        out, base=bool(entry and entry.is_base), template=entry.chat_template if entry else "qwen3"
+    )
     return out
 
 
@@ -138,7 +140,7 @@ def shards_get(shards: list[dict], name: str) -> np.ndarray:
     raise KeyError(name)
 
 
-def write_tokenizer(out: Path, base: bool = False) -> None:
+def write_tokenizer(out: Path, base: bool = False, template: str = "qwen3") -> None:
     cache = kipp_home() / "tokenizer" / f"v{TINY_VERSION}"
     cached = cache / "tokenizer.json"
     if not cached.exists():
@@ -147,7 +149,7 @@ def write_tokenizer(out: Path, base: bool = False) -> None:
         tmp.write_text(json.dumps(build_tokenizer_json(), ensure_ascii=False))
         os.replace(tmp, cached)
     shutil.copyfile(cached, out / "tokenizer.json")
-    cfg = tokenizer_config(chat_template(), base=base)
+    cfg = tokenizer_config(chat_template(template), base=base)
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
 

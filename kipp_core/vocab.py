@@ -190,6 +190,8 @@ def tokenizer_config(chat_template: str, base: bool = False) -> dict:
     }
 
 
-def chat_template() -> str:
-    """The official Qwen3 chat template (verbatim, sha256 a55ee1b1...)."""
-    return resources.files("kipp_core").joinpath("data/chat_template.jinja").read_text("utf-8")
+def chat_template(name: str = "qwen3") -> str:
+    """An official chat template, verbatim: Qwen3's (sha256 a55ee1b1...) or a 2507 one."""
+    from kipp_core.chat_template import template_text
+
+    return template_text(name)

@@ -85,6 +85,7 @@ class ShardBackend:
                 opts.kv_sizing,
                 opts.max_num_seqs,
                 max_len,
+                min_tokens=max_len,
             )
             self.num_blocks, why = kv.num_blocks, kv.why
         if tp_size > 1:  # every rank must hold the same block pool
@@ -93,6 +94,7 @@ class ShardBackend:
             self.num_blocks = int(n.item())
         budget = self.num_blocks * per_block
         capacity = self.num_blocks * self.block_size
+        self.kv_bytes_per_token = per_block * tp_size / self.block_size  # all ranks together
         if capacity < max_len:
             per_tok = per_block / self.block_size
             raise ValueError(

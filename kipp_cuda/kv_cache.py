@@ -26,6 +26,9 @@ _UNITS = {
 }
 DEFAULT_FRACTION = 0.3  # of free memory after weights: a 0.6B model never takes the whole card
 DEFAULT_CAP = 16 * 2**30
+# The default grows to one full-context request where that fits in this much of free memory: an
+# 8B context of 131,072 tokens (YaRN) is 18 GiB of bf16 KV, more than the cap
+FULL_CONTEXT_FRACTION = 0.9
 
 
 def parse_memory(value) -> tuple[str, float]:
@@ -73,10 +76,12 @@ def num_blocks_for(
     sizing: str = "offline",
     max_num_seqs: int = 256,
     max_model_len: int | None = None,
+    min_tokens: int = 0,
 ) -> KVBudget:
     """The pool for the user's budget; else the serving default (kipp_core.kv_budget) with
     sizing "serving", or the modest offline one: DEFAULT_FRACTION of free memory, at most
-    DEFAULT_CAP (2 GiB on a CPU device)."""
+    DEFAULT_CAP (2 GiB on a CPU device), raised to hold `min_tokens` (one full-context request)
+    where FULL_CONTEXT_FRACTION of free memory allows."""
     per = bytes_per_block(cfg, block_size, dtype, kv_quant, tp_size)
     free = free_memory(device)
     if budget is not None:
@@ -96,11 +101,16 @@ def num_blocks_for(
     if sizing != "offline":
         raise ValueError(f"kv_sizing must be 'offline' or 'serving', got {sizing!r}")
     cap = DEFAULT_CAP if device.type == "cuda" else 2 * 2**30
-    n = max(1, int(min(DEFAULT_FRACTION * free, cap) // per))
+    nbytes = min(DEFAULT_FRACTION * free, cap)
     why = (
         f"offline default: {DEFAULT_FRACTION:.0%} of the {free / 2**30:.1f} GiB free, "
         f"at most {cap / 2**30:.0f} GiB"
     )
+    need = -(-min_tokens // block_size) * per
+    if nbytes < need <= FULL_CONTEXT_FRACTION * free:
+        nbytes = need
+        why = f"offline default, raised to one context of {min_tokens:,} tokens"
+    n = max(1, int(nbytes // per))
     return KVBudget(n, n * per, why)
 
 

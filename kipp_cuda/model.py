@@ -79,7 +79,9 @@ class Qwen3Model(nn.Module):
         dev = norm.device
         self.register_buffer(
             "cos_sin",
-            rope_cos_sin_cache(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, dev),
+            rope_cos_sin_cache(
+                cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, dev, cfg.rope_scaling
+            ),
         )
         # every layer's two norms and the final one: 2 L + 1 call sites a forward
         # the head GEMV's running argmax key (compute_logits); not state: persistent=False

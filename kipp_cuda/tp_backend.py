@@ -49,16 +49,18 @@ def _init(rank: int, world: int, port: int, device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _build(ckpt_path, entry, options: BackendOptions, rank: int, world: int, device):
+def _build(ckpt_path, entry, config, options: BackendOptions, rank: int, world: int, device):
     from kipp_cuda.backend import ShardBackend
 
-    return ShardBackend(Checkpoint(ckpt_path, entry), options, device, rank, world)
+    ckpt = Checkpoint(ckpt_path, entry)
+    ckpt.config = config  # rank 0's: with --max-model-len / --rope-scaling applied
+    return ShardBackend(ckpt, options, device, rank, world)
 
 
-def _worker(rank, world, port, device_type, ckpt_path, entry, options, conn, parent_pid):
+def _worker(rank, world, port, device_type, ckpt_path, entry, config, options, conn, parent_pid):
     try:
         device = _init(rank, world, port, device_type)
-        shard = _build(ckpt_path, entry, options, rank, world, device)
+        shard = _build(ckpt_path, entry, config, options, rank, world, device)
         conn.send(("ready", shard.num_blocks))
         while True:
             if not conn.poll(1.0):
@@ -127,6 +129,7 @@ class TPBackend:
                     device_type,
                     checkpoint.path,
                     checkpoint.entry,
+                    checkpoint.config,
                     options,
                     b,
                     os.getpid(),
@@ -136,7 +139,9 @@ class TPBackend:
             self.procs.append(p)
             self.conns.append(a)
         device = _init(0, world, port, device_type)
-        self.shard = _build(checkpoint.path, checkpoint.entry, options, 0, world, device)
+        self.shard = _build(
+            checkpoint.path, checkpoint.entry, checkpoint.config, options, 0, world, device
+        )
         for conn, p in zip(self.conns, self.procs):
             msg = self._recv(conn, p, timeout=600)
             if msg[0] != "ready":
@@ -145,6 +150,7 @@ class TPBackend:
         self.config = self.shard.config
         self.block_size = self.shard.block_size
         self.num_blocks = self.shard.num_blocks
+        self.kv_bytes_per_token = self.shard.kv_bytes_per_token
         threading.Thread(target=self._watchdog, name="kipp-tp-watchdog", daemon=True).start()
         log.info("tensor parallel over %d %s devices", world, device_type)
 

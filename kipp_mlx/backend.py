@@ -67,6 +67,7 @@ class MlxBackend:
         )
         self.block_size = bs
         self.num_blocks = num_kv_blocks(opts, cfg, self.dtype.size)
+        self.kv_bytes_per_token = PagedKVCache.bytes_per_token(cfg, self.dtype.size, opts.kv_quant)
         self.kv = PagedKVCache.for_config(cfg, self.num_blocks, bs, self.dtype, opts.kv_quant)
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.end_hidden: dict[int, mx.array] = {}

@@ -136,7 +136,9 @@ class Model(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         n = max_positions or cfg.max_position_embeddings
-        self._step = StepInputs(Kernels(), rope_table(n, cfg.head_dim, cfg.rope_theta))
+        self._step = StepInputs(
+            Kernels(), rope_table(n, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        )
 
     @property
     def kernels(self) -> Kernels:

@@ -79,6 +79,10 @@ class OracleBackend:
         )
         self.num_blocks = opts.num_blocks or 8 * -(-ctx // block_size)
         c = self.config
+        itemsize = np.dtype(DTYPES[dtype]).itemsize  # blocks are allocated on first write
+        self.kv_bytes_per_token = (
+            2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * itemsize
+        )
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.hidden_slots: dict[int, np.ndarray] = {}
         self.kv = PagedKV(

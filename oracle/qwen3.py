@@ -12,6 +12,7 @@ import numpy as np
 
 from kipp_core.checkpoint import Checkpoint, layer_prefix
 from kipp_core.config import ModelConfig
+from kipp_core.rope import cos_sin
 
 
 @dataclass
@@ -81,13 +82,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(var + eps))
 
 
-def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float, dtype=np.float32):
-    """cos, sin of shape [L, head_dim] in the half-split (NeoX) layout: freqs repeated twice."""
-    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(dtype) / dtype(head_dim)
-    inv_freq = (1.0 / (dtype(theta) ** exponent)).astype(dtype)
-    freqs = np.asarray(positions, dtype=dtype)[:, None] * inv_freq[None, :]
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(dtype), np.sin(emb).astype(dtype)
+def rope_cos_sin(
+    positions: np.ndarray, head_dim: int, theta: float, dtype=np.float32, rope_scaling=None
+):
+    """cos, sin of shape [L, head_dim] in the half-split (NeoX) layout: freqs repeated twice;
+    with YaRN (`rope_scaling`) its blended frequencies, and both times its attention factor."""
+    return cos_sin(positions, head_dim, theta, rope_scaling, dtype)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -165,7 +165,7 @@ def forward_hidden(w: Weights, token_ids, start_pos: int, cache) -> np.ndarray:
     cfg = w.config
     ids = np.asarray(token_ids, dtype=np.int64)
     positions = np.arange(start_pos, start_pos + len(ids))
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, w.dtype.type)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, w.dtype.type, cfg.rope_scaling)
     x = w.embed_tokens[ids]
     for i, lw in enumerate(w.layers):
         x = decoder_layer(lw, cfg, x, positions, cos, sin, cache, i)

@@ -48,6 +48,15 @@ def small_config(**kw) -> ModelConfig:
     return dataclasses.replace(TINY.config, **kw)
 
 
+# Static YaRN over an original window of 64 positions: 256 with factor 4 (the needle tests).
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def yarn_config(scaling: dict = YARN, **kw) -> ModelConfig:
+    """small_config with a 64-position original window and YaRN `scaling` over it."""
+    return small_config(max_position_embeddings=64, **kw).with_rope_scaling(scaling)
+
+
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory):
     """make_checkpoint(cfg, seed=0, dtype='bfloat16', **kw) -> a checkpoint dir, cached by args."""

@@ -20,11 +20,15 @@ EPILOG = """examples:
   kipp bench --random-weights qwen3-32b --backend cuda --quant q8_0 --num-requests 256
   kipp bench --model qwen3-4b --backend mlx --peers mlx-lm --prefix-len 4096 --chat-turns 8
   kipp bench --kernels --json kernels.json
+  kipp bench --random-weights qwen3-8b --backend cuda --batch-sizes 1 --max-model-len 131072 \\
+      --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384
   kipp bench serve --url http://127.0.0.1:8000 --concurrency 256   (kipp bench serve --help)
 
 Prefill tok/s: B prompts of --prompt-len tokens with one output token each. Decode tok/s: tokens
 made after every request of the batch has its first one, over the time since. TTFT: from arrival
-to the first token. Every shape runs once untimed first (--no-warmup to skip).
+to the first token. Every shape runs once untimed first (--no-warmup to skip). --context-lens
+rows: batch 1, the prompt as long as the context (one token shorter at max_model_len), decode
+over the context's last --gen-len positions.
 """
 
 
@@ -78,6 +82,14 @@ def build_parser() -> Parser:
     )
     b.add_argument(
         "--chat-turns", type=_positive, default=0, help="multi-turn chat TTFT per turn (0 = skip)"
+    )
+    b.add_argument(
+        "--context-lens",
+        type=_ints,
+        default=[],
+        metavar="N,N",
+        help="batch-1 prefill of N tokens and decode at an N-token context, for each N "
+        "(long context: with --max-model-len, and YaRN where the model needs it)",
     )
     b.add_argument(
         "--peers",
@@ -140,6 +152,7 @@ def main(argv: list[str]) -> int:
         max_len=args.max_len,
         prefix_len=args.prefix_len,
         chat_turns=args.chat_turns,
+        context_lens=args.context_lens,
         seed=args.seed,
     )
     llm = load_llm(args)

@@ -1,7 +1,8 @@
-"""`kipp chat`: a multi-turn REPL in the Qwen3 chat format, streamed, with reused KV.
+"""`kipp chat`: a multi-turn REPL in the checkpoint's chat format, streamed, with reused KV.
 
 The conversation is kept as the exact tokens the model has seen: the rendered first prompt, then
-the tokens it generated (closed by <|im_end|>), then each new user turn appended as tokens. The
+the tokens it generated (closed by <|im_end|>), then each new user turn appended as tokens (with
+the template's own generation prompt: Thinking-2507's opens the think block). The
 prefix cache publishes full blocks, generated ones included, so every earlier turn is served from
 it and only the new suffix is computed: time to first token does not grow with the history. The
 official template would drop earlier turns' reasoning when re-rendering the history; like the chat
@@ -19,13 +20,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kipp_core.chat import render
+from kipp_core.chat_template import opens_think
 from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
 from kipp_core.outputs import RequestMetrics
 from kipp_core.registry import ENDOFTEXT_ID, IM_END_ID
 from kipp_core.server.reasoning import ReasoningStream, split_reasoning
 
-EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the template adds when thinking is off
 HELP = (
     "/reset  /system TEXT  /think on|off  /save FILE  /help  /exit   "
     "(Ctrl-C stops a reply, Ctrl-D exits)"
@@ -75,15 +75,27 @@ class ChatSession:
             [{"role": "system", "content": self.system}] if self.system else []
         )
 
+    def generation_prompt(self) -> str:
+        """What the template appends after a user turn (Qwen3's: `<|im_start|>assistant\\n`, and
+        an empty think block with thinking off), found by rendering with and without it."""
+        t, msgs = self.llm.chat_template, [{"role": "user", "content": "x"}]
+        full = t.render(msgs, None, True, self.enable_thinking)
+        head = t.render(msgs, None, False, self.enable_thinking)
+        return full[len(head) :] if full.startswith(head) else "<|im_start|>assistant\n"
+
+    def thinking(self) -> tuple[bool, bool]:
+        """(the reply holds reasoning, the prompt opened its think block)."""
+        opened = opens_think(self.generation_prompt())
+        return opened or self.llm.chat_template.thinking(self.enable_thinking), opened
+
     def prompt_token_ids(self, user: str) -> list[int]:
         """The whole conversation with `user` appended as the next turn, as tokens."""
         if not self.token_ids:
             msgs = self.messages + [{"role": "user", "content": user}]
-            return self.llm.tokenizer.encode(render(msgs, enable_thinking=self.enable_thinking))
+            prompt = self.llm.chat_template.render(msgs, None, True, self.enable_thinking)
+            return self.llm.tokenizer.encode(prompt)
         # Special tokens split pre-tokenization, so the suffix encodes as it would in place.
-        suffix = f"\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-        if not self.enable_thinking:
-            suffix += EMPTY_THINK
+        suffix = f"\n<|im_start|>user\n{user}<|im_end|>\n" + self.generation_prompt()
         return self.token_ids + self.llm.tokenizer.encode(suffix)
 
     def sampling_params(self, num_prompt_tokens: int):
@@ -115,7 +127,7 @@ class ChatSession:
         params = self.sampling_params(len(ids))
         engine, rid = self.llm.engine, uuid.uuid4().hex
         engine.add_request(rid, ids, params)
-        split = ReasoningStream(self.enable_thinking)
+        split = ReasoningStream(*self.thinking())
         final = None
         try:
             while final is None:
@@ -144,7 +156,7 @@ class ChatSession:
         if not generated or generated[-1] != IM_END_ID:
             generated.append(IM_END_ID)  # a cut-off or aborted reply is closed and kept
         self.token_ids = ids + generated
-        reasoning, content = split_reasoning(out.text, self.enable_thinking)
+        reasoning, content = split_reasoning(out.text, *self.thinking())
         msg = {"role": "assistant", "content": content}
         if reasoning is not None:
             msg["reasoning_content"] = reasoning

@@ -52,7 +52,20 @@ def add_model_args(p: argparse.ArgumentParser, backend_default: str = "auto") ->
         "(cuda): kipp serve room for --max-num-seqs x 2,048 tokens within 90%% of free memory, "
         "else 30%% of free memory up to 16 GiB",
     )
-    g.add_argument("--max-model-len", type=int, default=None, help="context limit (tokens)")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context limit (tokens); past the native context of a checkpoint with a YaRN "
+        "recipe (Qwen3 4B-32B: up to 131072) it turns static YaRN on",
+    )
+    g.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="JSON",
+        help="replace the config's rope_scaling (as vLLM's --rope-scaling), e.g. "
+        '\'{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}\'',
+    )
     g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences per step")
     g.add_argument(
         "--max-num-batched-tokens",
@@ -114,6 +127,7 @@ def load_llm(args, **overrides):
         speculative=args.speculative,
         speculative_model=args.speculative_model,
         num_speculative_tokens=args.num_speculative_tokens,
+        rope_scaling=args.rope_scaling,
     )
     kw.update(overrides)
     return LLM(args.model, **kw)

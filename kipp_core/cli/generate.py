@@ -86,11 +86,9 @@ def main(argv: list[str]) -> int:
     setup_logging(args.verbose)
     llm = load_llm(args)
     if args.chat:
-        from kipp_core.chat import render
-
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
-        prompt = render(messages, enable_thinking=not args.no_think)
+        prompt = llm.chat_template.render(messages, enable_thinking=not args.no_think)
     ids = llm.tokenizer.encode(prompt)
     limit = llm.engine.max_model_len
     if len(ids) >= limit:

@@ -26,7 +26,7 @@ from kipp_core.server.usage import timings, usage
 
 def message(req: ChatRequest, text: str) -> tuple[dict, bool]:
     """The assistant message of a whole output, and whether it called tools."""
-    reasoning, content = split_reasoning(text, req.thinking)
+    reasoning, content = split_reasoning(text, req.thinking, req.think_opened)
     calls = []
     if req.parse_tools:
         content, calls = parse_tool_calls(req.tool_prefix + content)
@@ -49,7 +49,7 @@ class DeltaParser:
     """One choice's text deltas as OpenAI chat deltas: reasoning, content and tool calls."""
 
     def __init__(self, req: ChatRequest):
-        self._reasoning = ReasoningStream(req.thinking)
+        self._reasoning = ReasoningStream(req.thinking, req.think_opened)
         self._tools = ToolCallStream() if req.parse_tools else None
         self.called_tools = False
         self._held: list[dict] = []

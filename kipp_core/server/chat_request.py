@@ -1,10 +1,13 @@
 """Reading a /v1/chat/completions body into a prompt and SamplingParams.
 
-The prompt is `kipp_core.chat.render` of the messages. `tool_choice: "none"` offers no tools and
-parses no calls; a named function forces the call's opening, `<tool_call>\\n{"name": NAME,
-"arguments": `, after an empty think block, holds the rest to arguments valid for the function's
-`parameters` (kipp_core/json_schema.py) and the call's close, and parses the output with that
-prefix prepended (as vLLM's guided decoding of a named function always returns the call).
+The prompt is the checkpoint's chat template (kipp_core.chat_template) rendered over the messages;
+whether the output holds reasoning follows the template (Instruct-2507 never, Thinking-2507
+always, Qwen3 by `enable_thinking`). `tool_choice: "none"` offers no tools and parses no calls;
+a named function forces the call's opening, `<tool_call>\\n{"name": NAME, "arguments": `, after
+an empty think block (closed by hand where the template opened one), holds the rest to arguments
+valid for the function's `parameters` (kipp_core/json_schema.py) and the call's close, and parses
+the output with that prefix prepended (as vLLM's guided decoding of a named function always
+returns the call).
 `"required"` forces `<tool_call>\\n` the same way and holds the output to one whole call of an
 offered tool, with valid arguments (server/tool_constraint.py). `response_format` `json_object`
 and `json_schema` hold the answer to JSON (after the thinking, when on).
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kipp_core.chat import render
+from kipp_core.chat_template import opens_think
 from kipp_core.json_schema import ANY_OBJ, Obj, compile_schema
 from kipp_core.sampling import SamplingParams
 from kipp_core.server.context import ServingContext
@@ -76,6 +79,7 @@ class ChatRequest:
     required_tools: list[str] | None = None  # a forced tool_choice: the names a call may use
     json_schema: object | None = None  # json_schema's compiled schema (kipp_core/json_schema.py)
     tool_schemas: list | None = None  # each required tool's compiled parameters
+    think_opened: bool = False  # the prompt opened the think block (Thinking-2507)
 
 
 def _text(content, where: str) -> str | None:
@@ -232,7 +236,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     messages = _messages(f.raw("messages"))
     tools = _tools(f.raw("tools"))
     choice = _tool_choice(f.raw("tool_choice"), tools)
-    thinking = _enable_thinking(f)
+    enable_thinking = _enable_thinking(f)
     json_object, json_schema = _json_format(f)
     max_param = "max_completion_tokens" if f.has("max_completion_tokens") else "max_tokens"
     max_tokens = f.integer(max_param, None, lo=1)
@@ -243,22 +247,33 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     kw = sampling_fields(f, ctx.vocab_size)
 
     prefix = ""
-    if (isinstance(choice, dict) or choice == "required") and json_object:
+    forced = isinstance(choice, dict) or choice == "required"
+    if forced and json_object:
         raise bad_request(
             "a json response_format cannot be combined with a forced tool_choice",
             "response_format",
         )
     if isinstance(choice, dict):  # the rest of the call is held to its grammar (tool_constraint)
-        thinking = False  # a forced call starts the answer; thinking first would not fit it
         prefix = '<tool_call>\n{"name": ' + json.dumps(choice["name"], ensure_ascii=False)
         prefix += ', "arguments": '
     elif choice == "required":  # likewise, from the call's name on
-        thinking = False
         prefix = "<tool_call>\n"
+    # a forced call starts the answer; thinking first would not fit it
+    enable_thinking = enable_thinking and not forced
+    template = ctx.chat_template
     try:
-        prompt = render(messages, tools if choice != "none" else None, True, thinking)
+        prompt = template.render(
+            messages, tools if choice != "none" else None, True, enable_thinking
+        )
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
+    opened = opens_think(prompt)
+    if forced:
+        if opened:  # the template opened the block: close it empty, as Qwen3's does
+            prompt += "\n</think>\n\n"
+        opened = thinking = False
+    else:
+        thinking = opened or template.thinking(enable_thinking)
     prompt += prefix
     names = forced_names(choice, tools)
     ids = ctx.tokenizer.encode(prompt)
@@ -280,6 +295,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         names,
         json_schema,
         _tool_schemas(tools, names) if names else None,
+        opened,
     )
 
 

@@ -38,6 +38,7 @@ class ServingContext:
 
     def __post_init__(self):
         self.tokenizer = self.llm.tokenizer
+        self.chat_template = self.llm.chat_template
         self.max_model_len = self.llm.engine.max_model_len
         self.vocab_size = self.llm.engine.model_config.vocab_size
         self.defaults = self.llm.default_sampling_params()

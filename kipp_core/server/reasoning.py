@@ -1,12 +1,15 @@
 """Split Qwen3 output into OpenAI `reasoning_content` and `content`, whole or while streaming.
 
 Thinking mode emits `<think>\\n...reasoning...\\n</think>\\n\\ncontent`; with thinking disabled the
-prompt already holds an empty think block and the output is plain content. Trimming follows the
-official chat template, which renders history with `reasoning.strip('\\n')` and
-`content.lstrip('\\n')`, so parsed messages render back the way the model wrote them.
+prompt already holds an empty think block and the output is plain content. A prompt that opened
+the block itself (`opened`: Qwen3-4B-Thinking-2507's template ends with `<think>\\n`) is followed by
+reasoning and `</think>` alone, as vLLM's deepseek_r1 parser, which its model card names, reads it.
+Trimming follows the official chat template, which renders history with `reasoning.strip('\\n')`
+and `content.lstrip('\\n')`, so parsed messages render back the way the model wrote them.
 
 Rules (both paths):
-- The think block counts only when the output, after leading whitespace, starts with `<think>`.
+- The think block counts only when the output, after leading whitespace, starts with `<think>`,
+  or when the prompt opened it (a `<think>` the model repeats there is dropped).
 - Reasoning runs to the first `</think>`, or to the end when the output was cut off (max_tokens).
 - Reasoning loses its leading and trailing newlines; content loses its leading newlines.
 """
@@ -19,12 +22,20 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
-def split_reasoning(text: str, enabled: bool = True) -> tuple[str | None, str]:
+def split_reasoning(
+    text: str, enabled: bool = True, opened: bool = False
+) -> tuple[str | None, str]:
     """(reasoning_content, content) of a whole output; reasoning is None without a think block."""
     body = text.lstrip()
-    if not enabled or not body.startswith(THINK_OPEN):
+    if not enabled:
         return None, text
-    reasoning, _, content = body[len(THINK_OPEN) :].partition(THINK_CLOSE)
+    if body.startswith(THINK_OPEN):
+        body = body[len(THINK_OPEN) :]
+    elif opened:
+        body = text
+    else:
+        return None, text
+    reasoning, _, content = body.partition(THINK_CLOSE)
     return reasoning.strip("\n"), content.lstrip("\n")
 
 
@@ -52,8 +63,9 @@ class ReasoningStream:
     `split_reasoning` of the whole text, with None read as "".
     """
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, opened: bool = False) -> None:
         self._phase = _Phase.START if enabled else _Phase.CONTENT
+        self._opened = opened  # the prompt opened the block: undecided text is reasoning
         self._pending = ""
         self._reasoning_started = False  # leading newlines are gone once reasoning text is out
 
@@ -75,6 +87,8 @@ class ReasoningStream:
         """Flush what was held back at the end of the output."""
         pending, phase = self._pending, self._phase
         self._pending, self._phase = "", _Phase.CONTENT
+        if phase is _Phase.START and self._opened:
+            return pending.strip("\n"), ""
         if phase is _Phase.START:
             return "", pending  # no think block after all: the text is content, unchanged
         if phase is _Phase.REASONING:
@@ -101,8 +115,8 @@ class ReasoningStream:
         if body.startswith(THINK_OPEN):
             self._pending = body[len(THINK_OPEN) :]
             self._phase = _Phase.REASONING
-        elif not THINK_OPEN.startswith(body):  # cannot become "<think>": plain content
-            self._phase = _Phase.CONTENT
+        elif not THINK_OPEN.startswith(body):  # cannot become "<think>"
+            self._phase = _Phase.REASONING if self._opened else _Phase.CONTENT
 
     def _step_reasoning(self) -> str:
         if not self._reasoning_started:

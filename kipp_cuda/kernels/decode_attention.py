@@ -31,8 +31,9 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.attention_ref import attend_ref
 from kipp_cuda.kernels.decode_tiles import attend_run, load_tile
-from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
+from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype
 from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
 from kipp_cuda.kernels.split_merge import count_in_and_merge, merge_splits, split_counters
@@ -383,15 +384,12 @@ def paged_decode_attention_ref(
 ) -> torch.Tensor:
     B, num_q_heads, head_dim = q.shape
     check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
-    G = num_q_heads // k_cache.shape[2]
     out = torch.zeros(B, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    caches = (k_cache, v_cache, k_scale, v_scale)
     for b, n in enumerate(context_lens.tolist()):
-        if n == 0:
-            continue
-        k = gather_kv_ref(k_cache, k_scale, block_tables[b], n).repeat_interleave(G, dim=1)
-        v = gather_kv_ref(v_cache, v_scale, block_tables[b], n).repeat_interleave(G, dim=1)
-        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # fp32 scores and softmax
-        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v).to(q.dtype)
+        if n:  # fp32 scores and softmax, chunked
+            pos = torch.tensor([n - 1], device=q.device)
+            out[b] = attend_ref(q[b : b + 1], pos, *caches, block_tables[b], scale)[0].to(q.dtype)
     return out
 
 

@@ -278,17 +278,6 @@ def kv_write_ref(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=Non
     return None
 
 
-def gather_kv_ref(cache, scale, block_table, n: int) -> torch.Tensor:
-    """The first n positions of one sequence, [n, num_kv_heads, head_dim] float32."""
-    block_size = cache.shape[1]
-    pos = torch.arange(n, device=cache.device)
-    blocks = block_table[pos // block_size].long()
-    x = cache[blocks, pos % block_size]
-    if scale is not None:
-        return dequantize_q8_0_ref(x, scale[blocks, pos % block_size])
-    return x.float()
-
-
 kv_write = dispatch("kv_write", _kv_write_op, kv_write_ref)
 
 

@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from kipp_cuda.kernels import dispatch
+from kipp_cuda.kernels.attention_ref import attend_ref
 from kipp_cuda.kernels.decode_attention import LOG2E, MAX_SPLITS, PROGRAMS_PER_SM, merge_splits
-from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype, gather_kv_ref
+from kipp_cuda.kernels.kv_write import check_attention_inputs, dot_dtype
 from kipp_cuda.kernels.matmul_tiles import num_sms
 from kipp_cuda.kernels.prefill_tiles import attend_tile
 
@@ -350,23 +351,17 @@ def paged_prefill_attention_ref(
     T, num_q_heads, head_dim = q.shape
     B = context_lens.shape[0]
     check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, B)
-    G = num_q_heads // k_cache.shape[2]
     out = torch.zeros(T, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     cu = cu_seqlens_q.tolist()
     for b, n in enumerate(context_lens.tolist()):
         lq = cu[b + 1] - cu[b]
         if lq == 0:
             continue
-        k = gather_kv_ref(k_cache, k_scale, block_tables[b], n).repeat_interleave(G, dim=1)
-        v = gather_kv_ref(v_cache, v_scale, block_tables[b], n).repeat_interleave(G, dim=1)
-        for i in range(0, lq, 1024):  # query chunks bound the [h, q, n] scores at 16k
-            j = min(lq, i + 1024)
-            s = torch.einsum("qhd,nhd->hqn", q[cu[b] + i : cu[b] + j].float(), k) * scale
-            q_pos = torch.arange(n - lq + i, n - lq + j, device=q.device)
-            causal = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
-            s = s.masked_fill(~causal, float("-inf"))  # fp32 scores and softmax
-            o = torch.einsum("hqn,nhd->qhd", torch.softmax(s, dim=-1), v)
-            out[cu[b] + i : cu[b] + j] = o.to(q.dtype)
+        q_pos = torch.arange(n - lq, n, device=q.device)  # fp32 scores and softmax, chunked
+        o = attend_ref(
+            q[cu[b] : cu[b + 1]], q_pos, k_cache, v_cache, k_scale, v_scale, block_tables[b], scale
+        )
+        out[cu[b] : cu[b + 1]] = o.to(q.dtype)
     return out
 
 

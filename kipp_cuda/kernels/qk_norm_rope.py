@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kipp_core.rope import cos_sin
 from kipp_cuda.kernels import dispatch
 from kipp_cuda.kernels.kv_write import check_cache, kv_write_ref
 from kipp_cuda.kernels.pdl import launch_kwargs, pdl_trigger, pdl_wait
@@ -114,16 +115,16 @@ def _qk_norm_rope_kernel(
         tl.store(k_dst + HALF, o2, mask=k_mask)
 
 
-def rope_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device) -> torch.Tensor:
+def rope_cos_sin_cache(
+    max_pos: int, head_dim: int, theta: float, device, rope_scaling: dict | None = None
+) -> torch.Tensor:
     """[max_pos, head_dim] fp32: cos of the head_dim / 2 frequencies times each position, then
-    their sin. Computed in numpy float32 exactly as oracle.qwen3.rope_cos_sin does, so the table
-    is bit-identical to the oracle's (and the same on every device)."""
-    f32 = np.float32
-    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
-    inv_freq = (1.0 / (f32(theta) ** exponent)).astype(f32)
-    freqs = np.arange(max_pos, dtype=np.int64).astype(f32)[:, None] * inv_freq[None, :]
-    table = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1).astype(f32)
-    return torch.from_numpy(table).to(device)
+    their sin, with YaRN's blend and attention factor when `rope_scaling` says so. Computed by
+    kipp_core.rope in numpy float32, as the oracle computes it, so the table is bit-identical to
+    the oracle's (and the same on every device)."""
+    cos, sin = cos_sin(np.arange(max_pos), head_dim, theta, rope_scaling, np.float32)
+    half = head_dim // 2
+    return torch.from_numpy(np.concatenate([cos[:, :half], sin[:, :half]], axis=-1)).to(device)
 
 
 def _check(qkv, q_weight, k_weight, positions, cos_sin, num_heads, num_kv_heads, head_dim):

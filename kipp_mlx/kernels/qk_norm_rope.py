@@ -14,6 +14,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from kipp_core.rope import cos_sin
+
 HEADS_PER_BLOCK = 4
 
 # qkv [T, (HQ + 2 HKV) * D]; q_weight, k_weight [D]; positions [T] int32;
@@ -117,14 +119,15 @@ _built: dict[str, object] = {}
 _eps: dict[float, mx.array] = {}  # one device scalar an eps, not one upload a call
 
 
-def rope_table(num_positions: int, head_dim: int, theta: float) -> mx.array:
+def rope_table(
+    num_positions: int, head_dim: int, theta: float, rope_scaling: dict | None = None
+) -> mx.array:
     """[num_positions, head_dim] float32: cos of the head_dim / 2 frequencies at each position,
-    then their sin; computed in numpy float32 as oracle.qwen3.rope_cos_sin computes them."""
-    f32 = np.float32
-    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
-    inv_freq = (1.0 / (f32(theta) ** exponent)).astype(f32)
-    freqs = np.arange(num_positions, dtype=np.int64).astype(f32)[:, None] * inv_freq[None, :]
-    return mx.array(np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1).astype(f32))
+    then their sin, with YaRN's blend and attention factor where `rope_scaling` asks; computed
+    by kipp_core.rope in numpy float32, as the oracle computes them."""
+    cos, sin = cos_sin(np.arange(num_positions), head_dim, theta, rope_scaling, np.float32)
+    half = head_dim // 2
+    return mx.array(np.concatenate([cos[:, :half], sin[:, :half]], axis=-1))
 
 
 def _kernel(kind: str):

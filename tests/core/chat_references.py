@@ -1,7 +1,7 @@
 """The two outside references the chat-template tests hold kipp_core.chat.render to:
-transformers' apply_chat_template with the official Qwen3 template (through the kipp-tiny
-tokenizer: the `hf_tok` fixture, tests/core/conftest.py), and the raw template rendered by
-jinja2 in the environment transformers uses."""
+transformers' apply_chat_template with an official template (through the kipp-tiny tokenizer:
+the `hf_tok` fixture, or `hf_toks` with each template, tests/core/conftest.py), and the raw
+template rendered by jinja2 in the environment transformers uses."""
 
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ def _jinja_env() -> ImmutableSandboxedEnvironment:
     return env
 
 
-JINJA = _jinja_env().from_string(chat_template())
+TEMPLATES = ("qwen3", "qwen3-instruct-2507", "qwen3-thinking-2507")
+JINJA = {name: _jinja_env().from_string(chat_template(name)) for name in TEMPLATES}
 
 
-def jinja_render(messages, tools=None, add_generation_prompt=True, enable_thinking=True):
-    return JINJA.render(
+def jinja_render(
+    messages, tools=None, add_generation_prompt=True, enable_thinking=True, template="qwen3"
+):
+    return JINJA[template].render(
         messages=messages,
         tools=tools,
         add_generation_prompt=add_generation_prompt,
@@ -35,9 +38,11 @@ def jinja_render(messages, tools=None, add_generation_prompt=True, enable_thinki
     )
 
 
-def check(tok, messages, tools=None, gen=True, think=True) -> str:
-    got = render(messages, tools, add_generation_prompt=gen, enable_thinking=think)
-    assert got == jinja_render(messages, tools, gen, think)
+def check(tok, messages, tools=None, gen=True, think=True, template="qwen3") -> str:
+    got = render(
+        messages, tools, add_generation_prompt=gen, enable_thinking=think, template=template
+    )
+    assert got == jinja_render(messages, tools, gen, think, template)
     ref = tok.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=gen, enable_thinking=think
     )

@@ -1,6 +1,7 @@
-"""kipp_core.chat.render against the official template's two renderers (chat_references.py) on
-random conversations: any role order, content as strings, parts lists or None, tool calls with
-dict or string arguments, and text fragments that collide with the template's own markup."""
+"""kipp_core.chat.render against the official templates' two renderers (chat_references.py),
+Qwen3's and both 2507 ones, on random conversations: any role order, content as strings, parts
+lists or None, tool calls with dict or string arguments, and text fragments that collide with the
+template's own markup."""
 
 from __future__ import annotations
 
@@ -146,12 +147,14 @@ def conversations(draw):
     return msgs
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 300 examples over the three templates: ~100 each, as the Qwen3 template alone had before
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     messages=conversations(),
     tools=st.sampled_from([None, 0, 1, 2]).flatmap(tool_lists),
     gen=st.booleans(),
     think=st.booleans(),
+    template=st.sampled_from(["qwen3", "qwen3-instruct-2507", "qwen3-thinking-2507"]),
 )
-def test_random_conversations_match_references(hf_tok, messages, tools, gen, think):
-    check(hf_tok, messages, tools, gen, think)
+def test_random_conversations_match_references(hf_toks, messages, tools, gen, think, template):
+    check(hf_toks[template], messages, tools, gen, think, template)

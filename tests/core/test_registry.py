@@ -77,8 +77,57 @@ def test_entries_match_qwen3_md(size, base):
         assert (e.sampling.temperature, e.sampling.top_p, e.sampling.top_k) == (0.6, 0.95, 20)
 
 
-def test_all_twelve_plus_tiny():
-    assert len(REGISTRY) == 13
+# Qwen3-4B-Instruct-2507's config.json, verbatim (QWEN3-2507.md section 1.1; Thinking-2507's is
+# byte-identical, section 2.1), and the sampling each card recommends (sections 1.5, 2.5).
+QWEN3_4B_2507_CONFIG = {
+    **QWEN3_06B_CONFIG,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 262144,
+    "max_window_layers": 36,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "rope_theta": 5000000,
+}
+CARD_SAMPLING = {"Instruct": (0.7, 0.8, 20, 0.0), "Thinking": (0.6, 0.95, 20, 0.0)}
+
+
+@pytest.mark.parametrize("kind", ["Instruct", "Thinking"])
+def test_2507_entries_match_their_configs_and_cards(kind):
+    e = lookup(f"Qwen/Qwen3-4B-{kind}-2507")
+    assert e is lookup(f"qwen3-4b-{kind.lower()}-2507") is lookup(f"Qwen3-4B-{kind}-2507")
+    check_config(ModelConfig.from_dict(QWEN3_4B_2507_CONFIG), e)
+    assert e.config == ModelConfig.from_dict(QWEN3_4B_2507_CONFIG)
+    assert e.context_length == e.max_context_length == 262144 and e.yarn is None
+    assert e.stop_token_ids == (151645, 151643)  # generation_config.json eos_token_id
+    for s in (e.sampling, e.sampling_non_thinking):  # one mode each
+        assert (s.temperature, s.top_p, s.top_k, s.min_p) == CARD_SAMPLING[kind]
+    assert e.chat_template == f"qwen3-{kind.lower()}-2507"
+    # the original Qwen3-4B is another checkpoint: its context (and rope_theta) differ
+    with pytest.raises(ValueError, match="max_position_embeddings is 262144"):
+        check_config(ModelConfig.from_dict(QWEN3_4B_2507_CONFIG), lookup("qwen3-4b"))
+
+
+@pytest.mark.parametrize("size", list(QWEN3_MD))
+def test_yarn_recipes(size):
+    # QWEN3.md: 4B-32B extend to 131,072 with factor 4 over 32,768; 0.6B and 1.7B are 32K models
+    e = lookup(f"qwen3-{size.lower()}")
+    assert e.max_context_length == (40960 if size in ("0.6B", "1.7B") else 131072)
+
+
+def test_doc_edited_yarn_config_passes_check():
+    # Qwen's docs: raise max_position_embeddings and add rope_scaling in config.json
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    d = {**QWEN3_06B_CONFIG, **dict(zip(("hidden_size", "intermediate_size"), (4096, 12288)))}
+    d.update(num_attention_heads=32, num_hidden_layers=36, tie_word_embeddings=False)
+    d.update(max_window_layers=36, max_position_embeddings=131072, rope_scaling=yarn)
+    cfg = ModelConfig.from_dict(d)
+    check_config(cfg, lookup("qwen3-8b"))
+    assert cfg.max_position_embeddings == 131072 and cfg.rope_scaling["factor"] == 4.0
+
+
+def test_all_fourteen_plus_tiny():
+    assert len(REGISTRY) == 15
     assert lookup("qwen3-8b").repo_id == "Qwen/Qwen3-8B"
     assert lookup("QWEN3-0.6B-BASE").repo_id == "Qwen/Qwen3-0.6B-Base"
     assert lookup("nope") is None
@@ -128,10 +177,10 @@ def test_newer_transformers_rope_parameters():
     assert ModelConfig.from_dict(d).rope_theta == 1e6
 
 
-def test_yarn_rejected_clearly():
-    with pytest.raises(ValueError, match="rope_scaling"):
+def test_unimplemented_rope_rejected_clearly():
+    with pytest.raises(ValueError, match="rope_scaling: rope type 'linear' is not supported"):
         ModelConfig.from_dict(
-            {**QWEN3_06B_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+            {**QWEN3_06B_CONFIG, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
         )
 
 

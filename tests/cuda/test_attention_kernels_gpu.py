@@ -49,10 +49,11 @@ def _gpu_paged(ctx_lens, hkv, dtype=torch.bfloat16, q8=False, seed=0):
 
 @gpu
 @pytest.mark.parametrize("hq", [16, 32, 40, 64])
-@pytest.mark.parametrize("case", ["b1-16k", "b64-2k", "b256-1k", "ragged"])
+@pytest.mark.parametrize("case", ["b1-16k", "b1-128k", "b64-2k", "b256-1k", "ragged"])
 def test_gpu_decode_qwen3_shapes(case, hq):
     ctx = {
         "b1-16k": [16384],
+        "b1-128k": [131072],  # YaRN's 131,072 (4B-32B)
         "b64-2k": [2048] * 64,
         "b256-1k": [1000] * 256,
         "ragged": [1, 31, 32, 33, 4095, 9000, 0, 513],
@@ -177,15 +178,26 @@ def test_gpu_decode_sees_the_token_stored_just_before(graph):
 @gpu
 @pytest.mark.parametrize("hq", [16, 32, 40, 64])
 @pytest.mark.parametrize(
-    "case", ["1x4k", "chunk-1k-after-7k", "mixed", "verify-q4", "verify-b1-16k"]
+    "case",
+    [
+        "1x4k",
+        "chunk-1k-after-7k",
+        "chunk-8k-after-120k",
+        "mixed",
+        "verify-q4",
+        "verify-b1-16k",
+        "verify-b1-128k",
+    ],
 )
 def test_gpu_prefill_qwen3_shapes(case, hq):
     seqs = {
         "1x4k": [(4096, 0)],
         "chunk-1k-after-7k": [(1024, 7000)],
+        "chunk-8k-after-120k": [(8192, 131072 - 8192)],  # the last chunk of a 131,072 prefill
         "mixed": [(513, 0), (1, 2000), (64, 64), (777, 31)],
         "verify-q4": [(4, 1000)] * 32,
         "verify-b1-16k": [(5, 16379)],
+        "verify-b1-128k": [(5, 131067)],
     }[case]
     q_lens = [lq for lq, _ in seqs]
     ctx = [lq + p for lq, p in seqs]
@@ -197,6 +209,34 @@ def test_gpu_prefill_qwen3_shapes(case, hq):
         with poisoned_empty():
             out = pre._paged_prefill_attention_op(*args)
         assert_close(out, pre.paged_prefill_attention_ref(*args), torch.bfloat16)
+
+
+@gpu
+def test_gpu_attention_at_128k_holds_no_context_sized_buffer():
+    """Flash tiles: what a call allocates is its output and the splits' partials (at most
+    MAX_SPLITS of them a row), never scores of the context (an 8B-shape [32, 131072] fp32 row
+    of scores a query alone is 16 MiB, a 1,024-query chunk's 16 GiB)."""
+    n, hq = 131072, 32
+    kc, vc, _, _, bt, lens = _gpu_paged([n], 8, seed=5)
+    q = torch.randn(1, hq, 128, device="cuda", dtype=torch.bfloat16)
+    chunk = torch.randn(1024, hq, 128, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 1024], dtype=torch.int32, device="cuda")
+    calls = {
+        "decode": lambda: dec._paged_decode_attention_op(q, kc, vc, bt, lens, 0.088, None, None, n),
+        "prefill": lambda: pre._paged_prefill_attention_op(
+            chunk, kc, vc, bt, cu, lens, 0.088, 1024
+        ),
+    }
+    for name, call in calls.items():
+        call()  # compiled, split counters allocated
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = call()
+        torch.cuda.synchronize()
+        grew = torch.cuda.max_memory_allocated() - base
+        partials = out.shape[0] * hq * dec.MAX_SPLITS * (128 + 1) * 4
+        assert grew <= out.numel() * out.element_size() + partials + 2**20, (name, grew)
 
 
 @gpu

@@ -134,6 +134,20 @@ def test_tensor_parallel_gloo_equals_single(tiny_path):
 
 
 @one_gpu
+def test_tensor_parallel_keeps_a_rope_scaling_override(tiny_path):
+    """Every rank runs the config --rope-scaling made, not the checkpoint's own."""
+    yarn = {"rope_type": "yarn", "factor": 2.0}
+    one = LLM(str(tiny_path), backend="cuda", dtype="float32", rope_scaling=yarn)
+    two = LLM(str(tiny_path), backend="cuda", dtype="float32", rope_scaling=yarn, tensor_parallel=2)
+    try:
+        assert rel_err(two.logits(PROMPT), one.logits(PROMPT)) <= 1e-5
+        plain = LLM(str(tiny_path), backend="cuda", dtype="float32").logits(PROMPT)
+        assert rel_err(two.logits(PROMPT), plain) > 1e-3  # YaRN changes every position
+    finally:
+        two.backend.close()
+
+
+@one_gpu
 def test_tensor_parallel_with_q8_0_weights_equals_single(tiny_path):
     one = LLM(str(tiny_path), backend="cuda", dtype="float32", quant="q8_0")
     two = LLM(str(tiny_path), backend="cuda", dtype="float32", quant="q8_0", tensor_parallel=2)

@@ -107,12 +107,36 @@ def test_rope_cache_matches_the_oracle():
     assert got.dtype == torch.float32
 
 
-def qk_norm_rope_f64(qkv, qw, kw, pos, hq, hkv, d, eps, theta):
+YARN_8B = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+
+
+def test_yarn_rope_cache_matches_transformers():
+    # Qwen's 131k recipe for 4B-32B: transformers' own rotary embedding at positions past 32k
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    hf_cfg = Qwen3Config(
+        head_dim=128, max_position_embeddings=131072, rope_theta=1e6, rope_scaling=dict(YARN_8B)
+    )
+    rot = Qwen3RotaryEmbedding(hf_cfg)
+    pos = torch.tensor([[0, 1, 4095, 32767, 32768, 100000, 131071]])
+    cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
+    got = qr.rope_cos_sin_cache(131072, 128, 1e6, "cpu", dict(YARN_8B))[pos[0]].double()
+    # torch's float32 pow is an ulp off at some frequencies (numpy's is correctly rounded), so
+    # the angles differ by up to angle x 2^-23; then two libms' cos/sin, an ulp each (x 1.14)
+    angle = pos[0, :, None].double() * rot.inv_freq.double()
+    tol = rot.attention_scaling * (angle * 2**-23 + 2**-23)
+    assert ((got[:, :64] - cos[0, :, :64]).abs() <= tol).all()
+    assert ((got[:, 64:] - sin[0, :, :64]).abs() <= tol).all()
+    assert rot.attention_scaling > 1.1 and got[0, 0] == np.float32(rot.attention_scaling)
+
+
+def qk_norm_rope_f64(qkv, qw, kw, pos, hq, hkv, d, eps, theta, rope_scaling=None):
     """Independent: float64 per-head RMSNorm and half-split RoPE, with the oracle's float32 cos
     and sin (the angles themselves are float32 by definition, as in transformers)."""
     cos, sin = (
         torch.from_numpy(a.astype(np.float64))
-        for a in rope_cos_sin(pos.cpu().numpy(), d, theta, np.float32)
+        for a in rope_cos_sin(pos.cpu().numpy(), d, theta, np.float32, rope_scaling)
     )
     x = qkv.double().cpu()
     outs = []
@@ -126,18 +150,22 @@ def qk_norm_rope_f64(qkv, qw, kw, pos, hq, hkv, d, eps, theta):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("T,hq,hkv,d", [(1, 5, 2, 16), (6, 16, 8, 128)])
-def test_qk_norm_rope(dtype, T, hq, hkv, d):
+@pytest.mark.parametrize("yarn", [None, {**YARN_8B, "original_max_position_embeddings": 1000}])
+def test_qk_norm_rope(dtype, T, hq, hkv, d, yarn):
     qkv = randn(T, (hq + 2 * hkv) * d, dtype=dtype, seed=6, scale=4.0)
     qw = randn(d, dtype=dtype, seed=7)
     kw = randn(d, dtype=dtype, seed=8)
     pos = torch.randint(0, 4000, (T,), generator=gen(9)).to(DEV)
-    cs = qr.rope_cos_sin_cache(4000, d, 1e6, DEV)
+    cs = qr.rope_cos_sin_cache(4000, d, 1e6, DEV, yarn)
     q, k = run(qr._qk_norm_rope_op, qkv, qw, kw, pos, cs, hq, hkv, d, 1e-6)
     rq, rk = qr.qk_norm_rope_ref(qkv, qw, kw, pos, cs, hq, hkv, d, 1e-6)
     assert q.shape == (T, hq, d) and k.shape == (T, hkv, d) and q.is_contiguous()
-    close(q, rq, dtype, scale=1.0)
-    close(k, rk, dtype, scale=1.0)
-    fq, fk = qk_norm_rope_f64(qkv, qw, kw, pos, hq, hkv, d, 1e-6, 1e6)
+    # h1 cos - h2 sin cancels: kernel and reference may round the normed head an ulp apart (two
+    # rsqrts), an error of up to 2 ulp(|h|) x the attention factor, relative to the largest |o|
+    scale = None if yarn else 1.0
+    close(q, rq, dtype, scale=scale)
+    close(k, rk, dtype, scale=scale)
+    fq, fk = qk_norm_rope_f64(qkv, qw, kw, pos, hq, hkv, d, 1e-6, 1e6, yarn)
     close(rq, fq, dtype, scale=1.0)
     close(rk, fk, dtype, scale=1.0)
 

@@ -33,6 +33,8 @@ SCRIPTS = {
         '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
     ),
     "think_only": "<think>\nJust thinking.\n</think>\n\nThe answer is 4.",
+    # Thinking-2507: its prompt opened the block, so the output closes it only
+    "think_opened": "The user asks.\n</think>\n\nThe answer is 4.",
     "bad_call": '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call> done',
 }
 
@@ -72,6 +74,20 @@ class ScriptedBackend:
                     out.token_ids = [ids[step] if step < len(ids) else IM_END_ID]
                     out.logprobs = None
         return outs
+
+
+def with_template(tiny_path, out, template: str):
+    """kipp-tiny in folder `out` (weights linked) with `template` as its chat template."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in tiny_path.iterdir():
+        if f.name == "tokenizer_config.json":
+            cfg = json.loads(f.read_text())
+            (out / f.name).write_text(json.dumps({**cfg, "chat_template": template}))
+        elif f.suffix == ".safetensors":
+            (out / f.name).symlink_to(f)
+        else:
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
 
 
 def start_server(tiny_path, config: ServerConfig | None = None, **llm_kw) -> ServerThread:

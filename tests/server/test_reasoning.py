@@ -54,10 +54,10 @@ def as_strings(pair: tuple[str | None, str]) -> tuple[str, str]:
     return pair[0] or "", pair[1]
 
 
-def run_stream(pieces: list[str], enabled: bool = True, keep_separators: bool = False):
+def run_stream(pieces: list[str], enabled=True, keep_separators=False, opened=False):
     if keep_separators:  # pieces came from text.split("\n"): put the newlines back
         pieces = [p + "\n" for p in pieces[:-1]] + pieces[-1:]
-    stream = ReasoningStream(enabled)
+    stream = ReasoningStream(enabled, opened)
     reasoning, content = "", ""
     for piece in pieces:
         r, c = stream.feed(piece)
@@ -153,3 +153,49 @@ def test_partial_tag_len() -> None:
     assert partial_tag_len("abc</think>", "</think>") == 0  # whole tags are not partial
     assert partial_tag_len("", "</think>") == 0
     assert partial_tag_len("<<", "<tool_call>") == 1
+
+
+# -- a prompt that opened the block (Qwen3-4B-Thinking-2507) ------------------------------------
+
+
+def deepseek_r1(text: str) -> tuple[str, str | None]:
+    """vLLM's DeepSeekR1ReasoningParser.extract_reasoning_content, the parser the Thinking-2507
+    model card serves with (hand-copied): an optional <think>, then reasoning to </think>."""
+    head, tag, tail = text.partition("<think>")
+    text = tail if tag else head
+    if "</think>" not in text:
+        return text, None
+    reasoning, _, content = text.partition("</think>")
+    return reasoning, content or None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Let me see.\n</think>\n\nParis.", ("Let me see.", "Paris.")),
+        ("\nLet me see.\n</think>\n\nParis.", ("Let me see.", "Paris.")),
+        ("<think>\nr\n</think>\n\nc", ("r", "c")),  # a <think> the model repeats
+        ("still thinking\n\n", ("still thinking", "")),  # cut off: all reasoning, as vLLM
+        ("", ("", "")),
+        ("</think>\n\nHi", ("", "Hi")),
+        (" a</think>b</think>c", (" a", "b</think>c")),
+        ("<thin", ("<thin", "")),
+    ],
+)
+def test_split_reasoning_opened(text, expected) -> None:
+    assert split_reasoning(text, True, opened=True) == expected
+    r, c = deepseek_r1(text)
+    assert expected == (r.strip("\n"), (c or "").lstrip("\n"))  # the template's trimming
+    assert run_stream(text.split("\n"), opened=True, keep_separators=True) == expected
+
+
+@FAST
+@given(st.data())
+def test_stream_equals_whole_opened(data) -> None:
+    text = data.draw(outputs())
+    assert run_stream(_splits(data, text), opened=True) == split_reasoning(text, opened=True)
+    body = text.lstrip()
+    body = body if body.startswith("<think>") else text
+    if "<think>" not in body[1:]:  # vLLM drops a <think> anywhere; here only a leading one
+        r, c = deepseek_r1(body)
+        assert split_reasoning(text, opened=True) == (r.strip("\n"), (c or "").lstrip("\n"))

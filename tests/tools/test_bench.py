@@ -170,3 +170,33 @@ def test_mlx_lm_peer(tiny_path):
         pytest.skip(r["skipped"])
     (row,) = r["rows"]
     assert row["batch_size"] == 1 and row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0
+
+
+def test_context_rows_with_yarn(tiny_path, tmp_path, no_fallbacks):
+    """The H200 long-context run (8B with YaRN at 32,768 and 131,072) in kipp-tiny's shape on the
+    oracle (the cuda backend's CPU path falls back, and the bench then refuses to record): YaRN
+    from --rope-scaling, rows at each context up to max_model_len."""
+    out = tmp_path / "ctx.json"
+    argv = ["bench", "--model", str(tiny_path), "--backend", "oracle", "--batch-sizes", "1"]
+    argv += ["--prompt-len", "16", "--gen-len", "3", "--repeats", "1", "--no-warmup"]
+    argv += ["--rope-scaling", '{"rope_type": "yarn", "factor": 2.0}', "--max-model-len", "1024"]
+    argv += ["--context-lens", "300,1024", "--json", str(out)]
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    rows = r["rows"][1:]
+    assert [(x["context_len"], x["prompt_len"], x["decode_prompt_len"]) for x in rows] == [
+        (300, 300, 300),
+        (1024, 1023, 1021),  # room for the output tokens at max_model_len
+    ]
+    for row in rows:
+        _positive(row, ["prefill_tok_s", "decode_tok_s", "ttft_s"])
+        assert row["decode_tokens"] == 2
+    assert r["rope"] == (
+        "RoPE: static YaRN (theta 1e+06), factor 2 over 4,096 positions, a 8,192-token context"
+    )
+
+
+def test_context_lens_past_max_model_len_exit_2(tiny_path, capsys):
+    argv = ["bench", "--model", str(tiny_path), "--backend", "oracle", "--context-lens", "5000"]
+    assert main([*argv, "--gen-len", "2", "--repeats", "1", "--no-warmup"]) == 2
+    assert "--context-lens 5000 is past max_model_len 4096" in capsys.readouterr().err

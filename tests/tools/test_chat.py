@@ -114,7 +114,7 @@ SCRIPT = ["<thi", "nk>\nLet me", " think.\n</th", "ink>\n\nThe answer", " is 4."
 
 def test_thinking_is_split_streamed_and_saved(llm, tmp_path):
     class Fake:
-        tokenizer, registry_entry = llm.tokenizer, None
+        tokenizer, registry_entry, chat_template = llm.tokenizer, None, llm.chat_template
         engine = ScriptedEngine(SCRIPT)
 
         def default_sampling_params(self, **kw):
@@ -160,3 +160,18 @@ def test_piped_stdin_repl(tiny_path, tmp_path):
     assert [m["role"] for m in msgs] == ["user", "assistant"] * 2
     assert msgs[2]["content"] == "What did I say?"
     assert "\x1b[" not in p.stdout  # plain text when not on a terminal
+
+
+def test_thinking_2507_turns_open_the_think_block(tiny_path, tmp_path):
+    # Thinking-2507's generation prompt opens <think> on every turn, whatever /think says
+    from kipp_core.vocab import chat_template
+    from tests.server.conftest import with_template
+
+    path = with_template(tiny_path, tmp_path / "t2507", chat_template("qwen3-thinking-2507"))
+    s = ChatSession(LLM(str(path)), enable_thinking=False, max_tokens=4, **GREEDY)
+    assert s.thinking() == (True, True)
+    s.turn("Hi there")
+    text = s.llm.tokenizer.decode(s.prompt_token_ids("Again"))
+    assert text.endswith(
+        "<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )

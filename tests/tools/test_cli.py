@@ -54,6 +54,9 @@ BAD = [
     ("chat", "--max-tokens", "0"),
     ("chat", "--temperature", "-1"),
     ("chat", "--backend", "tpu"),
+    ("chat", "--rope-scaling", "{bad"),
+    ("chat", "--rope-scaling", '{"rope_type": "dynamic", "factor": 2}'),
+    ("chat", "--max-model-len", "8192"),  # kipp-tiny has no YaRN recipe
 ]
 
 
