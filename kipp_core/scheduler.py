@@ -69,10 +69,12 @@ class Scheduler:
         self,
         drafts: dict[int, list[int]] | None = None,
         hold: Callable[[Sequence], bool] | None = None,
+        only: set[int] | None = None,
     ) -> list[ScheduledSeq]:
         """Pick this step's work. `drafts` maps seq_id to proposed draft tokens for decodes;
         running sequences for which `hold` is true wait this step out (async scheduling: their
-        pending token must be known first)."""
+        pending token must be known first). With `only`, just those seq ids run (a request
+        under suspicion alone: they head the waiting queue)."""
         budget = self.config.max_num_batched_tokens
         chunk_cap = self.config.long_prefill_threshold or budget
         out: list[ScheduledSeq] = []
@@ -80,6 +82,8 @@ class Scheduler:
         preempted = False
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING or budget <= 0 or (hold and hold(seq)):
+                continue
+            if only is not None and seq.seq_id not in only:
                 continue
             draft = (drafts or {}).get(seq.seq_id, []) if seq.num_uncomputed == 1 else []
             draft = draft[: max(0, budget - 1)]
@@ -104,6 +108,8 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             seq = self.waiting[0]
+            if only is not None and seq.seq_id not in only:
+                break
             if not seq.block_table:
                 self.bm.allocate_prefix(seq)
             n = min(seq.num_uncomputed, budget, chunk_cap)
@@ -125,15 +131,23 @@ class Scheduler:
         return out
 
     def _preempt(self, seq: Sequence) -> None:
+        self.reset(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def reset(self, seq: Sequence) -> None:
+        """Free seq's blocks and put it at the head of the waiting queue, to compute again from
+        its first token (a preemption, or the suspects of a failed step)."""
         self.bm.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
         seq.num_pending = 0  # an in-flight sample is dropped; it is sampled again, the same
+        if seq.wants_prompt_logprobs and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+            seq.prompt_logprobs = [None]  # scored again from the first chunk
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.waiting.appendleft(seq)
         seq.status = SeqStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.running.remove(seq)
-        self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and free its blocks at once (also used for aborts)."""
