@@ -14,7 +14,7 @@ from kipp_core.server.completions import create_completion
 from kipp_core.server.context import STATE, ServerState
 from kipp_core.server.errors import APIError
 from kipp_core.server.metrics import CONTENT_TYPE, ServerMetrics
-from kipp_core.server.streaming import DISCONNECTED, dumps
+from kipp_core.server.streaming import DISCONNECTED, WRITE_TIMEOUT, dumps
 
 log = logging.getLogger("kipp")
 
@@ -124,6 +124,7 @@ def create_app(state: ServerState) -> web.Application:
         client_max_size=state.config.max_body_bytes,
     )
     app[STATE] = state
+    app[WRITE_TIMEOUT] = state.config.write_timeout
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/models", list_models)

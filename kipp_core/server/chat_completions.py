@@ -194,9 +194,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         raise
     try:
         if not req.stream:
-            async for _ in stream:
-                pass
-            body = response.body(stream.finals[rid])
+            body = response.body((await stream.collect())[0])
             return web.Response(body=dumps(body), content_type="application/json")
         return await stream_response(request, stream, response.first_chunks(), response.chunks)
     finally:

@@ -209,9 +209,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     stream = await ctx.submit(items, arrival, state.config.retry_after_s)
     try:
         if not req.stream:
-            async for _ in stream:
-                pass
-            finals = [stream.finals[r.request_id] for r in items]
+            finals = await stream.collect()
             return web.Response(body=dumps(response.body(finals)), content_type="application/json")
         return await stream_response(request, stream, [], response.chunks)
     finally:

@@ -25,6 +25,7 @@ class ServerConfig:
     max_body_bytes: int = 16 << 20  # 413 above this
     keepalive_timeout: float = 5.0  # idle keep-alive connections are closed after this (uvicorn's)
     retry_after_s: int = 1  # the Retry-After of a 429
+    write_timeout: float = 30.0  # a stream whose client takes no data this long is aborted
 
 
 @dataclass
