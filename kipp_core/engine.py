@@ -74,6 +74,7 @@ class LLMEngine:
                 f"tokens; raise the KV budget or lower max_model_len"
             )
         self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
+        self.scheduler.serial_seqs = bool(getattr(backend, "serial_seqs", False))
         self.requests: dict[str, Request] = {}
         self._seq_counter = 0
         self.spec = None

@@ -80,6 +80,7 @@ class OracleBackend:
         self.num_blocks = opts.num_blocks or 8 * -(-ctx // block_size)
         c = self.config
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
+        self.serial_seqs = True  # one sequence at a time: a step costs the sum of its sequences
         self.hidden_slots: dict[int, np.ndarray] = {}
         self.kv = PagedKV(
             c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim, DTYPES[dtype]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kipp_core.engine import LLMEngine
-from kipp_core.outputs import RequestOutput, merge_outputs
+from kipp_core.outputs import RequestMetrics, RequestOutput, merge_outputs
 from kipp_core.sampling import SamplingParams
 from kipp_core.scheduler import QueueFullError
 
@@ -50,6 +50,7 @@ class AddRequests:
 @dataclass
 class AbortRequests:
     request_ids: list[str]
+    error: str | None = None  # set: their streams end with this error (a shutdown)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class RequestStream:
         self.request_ids = list(request_ids)
         self.unfinished = set(request_ids)
         self.finals: dict[str, RequestOutput] = {}  # each request's last output (its metrics)
+        self.metrics: dict[str, RequestMetrics] = {}  # each request's latest (the access log)
         self._pending: dict[str, RequestOutput] = {}
         self._ready = asyncio.Event()
 
@@ -87,6 +89,7 @@ class RequestStream:
         return not self.unfinished
 
     def put(self, out: RequestOutput) -> None:
+        self.metrics[out.request_id] = out.metrics
         prev = self._pending.get(out.request_id)
         self._pending[out.request_id] = out if prev is None else merge_outputs(prev, out)
         self._ready.set()
@@ -179,8 +182,12 @@ class AsyncEngine:
             raise kinds.get(ack.kind, EngineFailure)(ack.error)
         return stream
 
-    def abort(self, request_ids: list[str]) -> None:
-        self._commands.put(AbortRequests(list(request_ids)))
+    def abort(self, request_ids: list[str], error: str | None = None) -> None:
+        self._commands.put(AbortRequests(list(request_ids), error))
+
+    def abort_all(self, error: str) -> None:
+        """End every stream with `error` (a shutdown's deadline has passed)."""
+        self.abort(list(self._streams), error)
 
     def _unregister(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -235,6 +242,9 @@ class AsyncEngine:
     def _apply(self, cmd, msg: EngineMessage) -> None:
         if isinstance(cmd, AbortRequests):
             for rid in cmd.request_ids:
+                req = self.engine.requests.get(rid)
+                if req is not None and cmd.error is not None:
+                    req.error = cmd.error
                 self.engine.abort_request(rid)
             return
         added = []
