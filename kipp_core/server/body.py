@@ -56,4 +56,6 @@ async def read_json(request: web.Request) -> dict:
             f" {type(e).__name__}"
         ) from None
     ctx = state.ready()
-    return await asyncio.get_running_loop().run_in_executor(None, ctx.offload.parse_json, raw)
+    return await asyncio.get_running_loop().run_in_executor(
+        None, ctx.offload.parse_json, raw, ctx.max_model_len, ctx.bytes_per_token
+    )

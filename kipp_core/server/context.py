@@ -53,12 +53,12 @@ class ServingContext:
         self.offload = Offload(getattr(self.tokenizer, "model_dir", None))
         # NFC (the tokenizer's normalizer) shrinks UTF-8 at most 3x (three jamo, 9 bytes, make
         # one Hangul syllable of 3), and no token holds more than this many bytes:
-        self._bytes_per_token = 3 * max(len(b) for b in self.tokenizer._bytes)
+        self.bytes_per_token = 3 * max(len(b) for b in self.tokenizer._bytes)
 
     def encode(self, text: str, what: str = "prompt") -> list[int]:
         """Token ids of `text` (off the GIL's way for a long one: offload.py; call it from a
         worker thread). A text that must hold more tokens than the context is a 400 at once."""
-        least = len(text.encode("utf-8", "surrogatepass")) // self._bytes_per_token
+        least = len(text.encode("utf-8", "surrogatepass")) // self.bytes_per_token
         if least >= self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens; the {what} "

@@ -86,12 +86,14 @@ async def _small_beside_huge(url: str, huge: bytes) -> tuple[float, float, list[
 
         task = asyncio.ensure_future(post_huge())
         await asyncio.sleep(0.05)  # its body is on its way
-        beside = 0.0
-        for _ in range(3):
-            beside = max(beside, await _timed(s, url, small))
+        beside = []
+        for _ in range(5):
+            beside.append(await _timed(s, url, small))
             order.append("small")
         await task
-    return alone, beside, order
+    # The median: a loop blocked by the huge body would delay every small request in its
+    # window, while one scheduling hiccup of a loaded 2-core machine delays one.
+    return alone, sorted(beside)[2], order
 
 
 @pytest.mark.parametrize("kind", ["text", "token ids"])
@@ -103,6 +105,7 @@ def test_a_huge_prompt_beside_a_small_request(server, kind):
     else:
         body = {"prompt": [1000] * (15 * (1 << 20) // 6), "max_tokens": 1}
     huge = json.dumps(body).encode()
+    server.server.state.ctx.offload._executor().submit(int).result()  # started (at load)
     alone, beside, order = asyncio.run(_small_beside_huge(server.url, huge))
     assert order[0] == "small" and order[-1] == "huge 400", order
     assert beside - alone < 0.1, (alone, beside)
