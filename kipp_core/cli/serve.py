@@ -137,6 +137,7 @@ async def _serve(args) -> None:
         await asyncio.wait([server.loaded, stopped], return_when=asyncio.FIRST_COMPLETED)
         if server.loaded.done():
             server.loaded.result()  # raises if loading failed
+            server.state.ctx.offload.start()  # its fork must not pause a request later
             log.info("model loaded; ready")
             await stopped
     finally:

@@ -3,9 +3,9 @@
 json.loads of a 15 MB body and the `tokenizers` library's encode of a long text both hold the
 GIL for their whole call (encode: ~5 s a MB here), so a thread does not help: the loop would
 stall with them. Bodies from OFFLOAD_BYTES and texts from OFFLOAD_CHARS go to one spawned worker
-process (started with the server; it loads the tokenizer once); smaller ones run inline, where
-they take under a millisecond. A text whose UTF-8 length shows it holds more tokens than the context
-is refused before any tokenizing.
+process (`kipp serve` starts it with the model, others on first use; it loads the tokenizer
+once); smaller ones run inline, where they take under a millisecond. A prompt whose UTF-8
+length shows it holds more tokens than the context is refused before any tokenizing.
 """
 
 from __future__ import annotations

@@ -89,7 +89,6 @@ class APIServer:
         engine = AsyncEngine(llm.engine, asyncio.get_running_loop(), self.state.metrics.observe)
         engine.start()
         self.state.ctx = ServingContext(llm, engine, self.state.model_name)
-        self.state.ctx.offload.start()
         if not self.loaded.done():
             self.loaded.set_result(None)
 

@@ -9,6 +9,7 @@ from kipp_core.backend import SCORE_CHUNK
 from kipp_core.checkpoint import Checkpoint
 from oracle.qwen3 import forward, load_weights
 from tests.conformance.test_backend_gates import prompts
+from tests.conftest import status_mb
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -31,14 +32,6 @@ def test_prompt_logprobs_across_chunks_equal_the_oracle(make_llm, tiny_path):
     assert [lp.top[0][0] for lp in got[1:]] == [int(np.argmax(want[j])) for j in range(n - 1)]
 
 
-def _peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _reset_peak() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
@@ -50,7 +43,7 @@ def test_prompt_logprobs_of_a_long_prompt_stay_small(make_llm):
     p = prompts(1, seed=4, lo=4000, hi=4001)[0]
     llm.score(p[:64], top_n=1)  # warm: allocator pools, lazily built kernels
     _reset_peak()
-    base = _peak_rss_mb()
+    base = status_mb("VmHWM")
     got = llm.score(p, top_n=1)[0]
     assert len(got) == 4000
-    assert _peak_rss_mb() - base < 1024
+    assert status_mb("VmHWM") - base < 1024

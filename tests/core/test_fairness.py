@@ -13,12 +13,14 @@ BIG = SamplingParams(temperature=0.8, seed=4, n=128, max_tokens=400, ignore_eos=
 
 
 def _victim(engine, ids) -> tuple[float, list[int]]:
-    t = time.perf_counter()
-    engine.add_request("victim", ids, VICTIM)
+    t, tokens = time.perf_counter(), []
+    engine.add_request("victim", ids, VICTIM, delta=True)  # as the server asks
     while True:
         for out in engine.step():
-            if out.request_id == "victim" and out.finished:
-                return time.perf_counter() - t, out.token_ids
+            if out.request_id == "victim":
+                tokens += out.token_ids
+                if out.finished:
+                    return time.perf_counter() - t, tokens
 
 
 def test_a_stream_beside_n_128_within_3x_of_alone(llm_factory):
@@ -27,7 +29,7 @@ def test_a_stream_beside_n_128_within_3x_of_alone(llm_factory):
     ids = tok.encode("a victim stream")
     _victim(engine, ids)  # warm
     alone, want = min(_victim(engine, ids) for _ in range(2))
-    engine.add_request("big", tok.encode("tell me a long story"), BIG)
+    engine.add_request("big", tok.encode("tell me a long story"), BIG, delta=True)
     for _ in range(3):
         engine.step()
     beside, got = _victim(engine, ids)

@@ -19,7 +19,8 @@ from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kipp_core.server.async_engine import RequestStream
 from kipp_core.server.context import ServerConfig
 from kipp_core.server.server import APIServer, ServerThread
-from tests.server.conftest import engine_of, start_server, wait_idle
+from tests.conftest import status_mb
+from tests.server.conftest import engine_of, start_server, unread_stream, wait_idle
 
 FAIL_TOKEN = 151_000  # a prompt holding it makes FaultyAsync raise (see below)
 STREAMS = [
@@ -139,14 +140,6 @@ def test_extreme_bodies_beside_greedy_streams_cuda_on_cpu(tiny_path):
         st.stop()
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def test_a_client_that_never_reads_is_aborted_and_memory_stays_bounded(tiny_path):
     """n=16, max_tokens 2,000, and a socket nobody reads. The server's send buffer is made
     small (accepted sockets inherit SO_SNDBUF from the listener) so that writes stall within a
@@ -157,31 +150,15 @@ def test_a_client_that_never_reads_is_aborted_and_memory_stays_bounded(tiny_path
             for sock in site._server.sockets:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         engine = engine_of(st)
-        idle = _rss_mb()
-        body = json.dumps(
-            {
-                "prompt": "never read",
-                "n": 16,
-                "max_tokens": 2000,
-                "ignore_eos": True,
-                "temperature": 0,
-                "stream": True,
-            }  # fmt: skip
-        ).encode()
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(("127.0.0.1", st.server.port))
-        s.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-            + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        idle = status_mb("VmRSS")
+        body = {"prompt": "never read", "n": 16, "max_tokens": 2000, "ignore_eos": True}
+        s = unread_stream(st.server.port, {**body, "temperature": 0, "stream": True})
         deadline = time.monotonic() + 60
         peak, started = idle, False
         while not (started and not engine.has_unfinished_requests()):
             assert time.monotonic() < deadline, "the stalled stream was never aborted"
             started |= engine.has_unfinished_requests()
-            peak = max(peak, _rss_mb())
+            peak = max(peak, status_mb("VmRSS"))
             time.sleep(0.05)
         assert peak - idle < 300
         wait_idle(st)  # every block free

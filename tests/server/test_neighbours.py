@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import threading
 import time
 
@@ -16,8 +15,8 @@ import aiohttp
 import pytest
 
 from kipp_core.server.context import ServerConfig
-from tests.server.conftest import start_server, wait_idle
-from tests.server.test_isolation import _rss_mb
+from tests.conftest import status_mb
+from tests.server.conftest import start_server, unread_stream, wait_idle
 
 FAST = {"prompt": "fast", "max_tokens": 16, "ignore_eos": True, "temperature": 0}
 
@@ -39,15 +38,8 @@ async def _fast_batch(url) -> float:
 
 def test_a_slow_reader_beside_32_fast_clients(server):
     alone = asyncio.run(_fast_batch(server.url))
-    body = json.dumps({"prompt": "slow", "n": 4, "max_tokens": 500, "ignore_eos": True,
-                       "temperature": 0, "stream": True}).encode()  # fmt: skip
-    slow = socket.socket()
-    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    slow.connect(("127.0.0.1", server.server.port))
-    slow.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-        + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-    )
+    body = {"prompt": "slow", "n": 4, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    slow = unread_stream(server.server.port, {**body, "temperature": 0})
     stop = threading.Event()
 
     def trickle():  # one byte a second
@@ -58,14 +50,14 @@ def test_a_slow_reader_beside_32_fast_clients(server):
                 return
 
     threading.Thread(target=trickle, daemon=True).start()
-    before = _rss_mb()
+    before = status_mb("VmRSS")
     try:
         time.sleep(1.0)
         beside = asyncio.run(_fast_batch(server.url))
         # The slow request's steps cost the fast ones a fifth more at most on the oracle (4 of
         # 36 sequences); 2x leaves room for a loaded machine.
         assert beside < 2 * alone + 1.0, (alone, beside)
-        assert _rss_mb() - before < 100
+        assert status_mb("VmRSS") - before < 100
     finally:
         stop.set()
         slow.close()
@@ -121,7 +113,9 @@ def test_the_access_log_line(tiny_path, caplog):
 
             async def go(url, stream):
                 async with aiohttp.ClientSession() as s:
-                    async with s.post(url + "/v1/completions", json={**body, "stream": stream}) as r:
+                    async with s.post(
+                        url + "/v1/completions", json={**body, "stream": stream}
+                    ) as r:
                         await r.read()
                         return r.status
 

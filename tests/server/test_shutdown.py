@@ -17,6 +17,8 @@ import urllib.request
 import aiohttp
 import pytest
 
+from tests.server.conftest import unread_stream
+
 
 def serve(*args: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
@@ -88,13 +90,7 @@ def test_sigterm_drains_requests_in_flight(timeout, outcome):
 def test_a_second_signal_exits_at_once():
     proc, url = serve("--shutdown-timeout", "60")
     try:
-        body = json.dumps({**BODY, "max_tokens": 3000, "stream": True}).encode()
-        host, port = url.removeprefix("http://").split(":")
-        s = socket.create_connection((host, int(port)))
-        s.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-            + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-        )
+        s = unread_stream(int(url.rsplit(":", 1)[1]), {**BODY, "max_tokens": 3000, "stream": True})
         s.recv(100)  # it is streaming
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
