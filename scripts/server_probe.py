@@ -295,6 +295,7 @@ def main() -> None:
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose server is probed")
     ap.add_argument("--only", default="", help="comma list of probes")
     ap.add_argument("--bodies", type=int, default=300)
+    ap.add_argument("--watch", type=float, default=240.0, help="seconds to watch the nonreader")
     a = ap.parse_args()
     only = set(filter(None, a.only.split(",")))
     want = lambda name: not only or name in only  # noqa: E731
@@ -324,7 +325,7 @@ def main() -> None:
         if want("fairness"):
             report["fairness"] = asyncio.run(probe_fairness(srv, 32 if cuda else 128, 20))
         if want("nonreader"):
-            report["nonreader"] = probe_nonreader(srv, 16, 1000 if cuda else 2000, 120.0)
+            report["nonreader"] = probe_nonreader(srv, 16, 1000 if cuda else 2000, a.watch)
         report["peak_rss_mb"] = round(srv.overall_peak, 1)
     finally:
         srv.stop()
