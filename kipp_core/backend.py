@@ -24,6 +24,9 @@ from kipp_core.config import ModelConfig
 from kipp_core.sampling import SamplerState, TokenLogprob
 
 PENDING = -1  # a token id not yet known to the host: the previous step's sample for this seq
+# Prompt-logprob rows a backend turns into logits at a time, so that a long prompt never holds
+# [T, vocab] at once: [256, 151936] float32 is 155 MB.
+SCORE_CHUNK = 256
 
 
 @dataclass

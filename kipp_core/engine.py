@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from kipp_core.backend import Backend, ModelInput, SeqInput, SeqOutput
 from kipp_core.block_manager import BlockManager
 from kipp_core.outputs import RequestMetrics, RequestOutput
+from kipp_core.quarantine import Quarantine
 from kipp_core.request import Request, SeqState, request_output, validate_prompt
 from kipp_core.sampling import SamplerState, SamplingParams, stop_token_set
 from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
@@ -73,6 +74,7 @@ class LLMEngine:
                 f"tokens; raise the KV budget or lower max_model_len"
             )
         self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
+        self.scheduler.serial_seqs = bool(getattr(backend, "serial_seqs", False))
         self.requests: dict[str, Request] = {}
         self._seq_counter = 0
         self.spec = None
@@ -85,6 +87,8 @@ class LLMEngine:
             self.config.async_scheduling and self.spec is None and hasattr(backend, "execute_async")
         )
         self._inflight = None  # (scheduled, batch, PendingOutputs, launch time) of the queued step
+        self.quarantine = Quarantine(self.scheduler)
+        self._blame: set[str] = set()  # the requests of the step in progress (quarantine.py)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -97,9 +101,11 @@ class LLMEngine:
         arrival_time: float | None = None,
         score_only: bool = False,
         final_only: bool = False,
+        delta: bool = False,
     ) -> None:
         """Queue a request. ValueError for bad input, QueueFullError when the queue is full.
-        `final_only` (vLLM's RequestOutputKind.FINAL_ONLY): step() reports it once, when done."""
+        `final_only` (vLLM's RequestOutputKind.FINAL_ONLY): step() reports it once, when done;
+        `delta` (RequestOutputKind.DELTA): each output holds only what is new (request_output)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         ids = self.validate_prompt(prompt_token_ids, params)
@@ -138,7 +144,7 @@ class LLMEngine:
                 self.scheduler.finish(s, "abort")
             raise
         self.requests[request_id] = Request(
-            request_id, list(ids), params, states, metrics, prompt, score_only, final_only
+            request_id, list(ids), params, states, metrics, prompt, score_only, final_only, delta
         )
 
     def validate_prompt(self, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -154,6 +160,7 @@ class LLMEngine:
         for st in req.states:
             if not st.seq.is_finished:
                 self._finish(st, "abort")
+        self.quarantine.release(request_id)
         return True
 
     def abort_all(self) -> list[str]:
@@ -172,13 +179,28 @@ class LLMEngine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        if self._async:
-            return self._step_async()
+        """One step; a step that raises fails only the requests it can blame (quarantine.py)."""
+        solo = self.quarantine.next_solo()
+        self._blame = set()
+        try:
+            if solo is not None:
+                self.quarantine.run_alone(self, solo)
+            elif self._async:
+                self._step_async()
+            else:
+                self._step_sync()
+        except Exception as exc:
+            self.quarantine.recover(self, exc)
+        return self._collect_outputs()
+
+    def _step_sync(self, only: set[int] | None = None) -> None:
         drafts = self.spec.propose(self.scheduler.running) if self.spec else None
+        hold = self.quarantine.holds if self.quarantine and only is None else None
         scheduled = self.scheduler.schedule(
-            {k: v[0] for k, v in drafts.items()} if drafts else None
+            {k: v[0] for k, v in drafts.items()} if drafts else None, hold, only
         )
         if scheduled:
+            self._blame.update(s.seq.request_id for s in scheduled)
             batch = ModelInput([self._seq_input(s, drafts) for s in scheduled])
             t0 = time.perf_counter()
             outs = self.backend.execute(batch)
@@ -188,12 +210,17 @@ class LLMEngine:
             for s, out in zip(scheduled, outs):
                 self._advance(s)
                 self._postprocess(s, out, now)
-        return self._collect_outputs()
 
-    def _step_async(self) -> list[RequestOutput]:
+    def _step_async(self) -> None:
         prev, self._inflight = self._inflight, None
-        scheduled = self.scheduler.schedule(hold=self._hold)
+        if prev is not None:
+            self._blame.update(s.seq.request_id for s in prev[0])
+        hold = self._hold
+        if self.quarantine:
+            hold = lambda seq: self.quarantine.holds(seq) or self._hold(seq)  # noqa: E731
+        scheduled = self.scheduler.schedule(hold=hold)
         if scheduled:
+            self._blame.update(s.seq.request_id for s in scheduled)
             batch = ModelInput([self._seq_input(s, None) for s in scheduled])
             self._inflight = (
                 scheduled,
@@ -204,13 +231,15 @@ class LLMEngine:
             for s in scheduled:
                 self._advance(s)
         if prev is not None:
-            scheduled, batch, pending, t0 = prev
-            outs = pending.result()
-            self.stats.record_step(batch, time.perf_counter() - t0)
-            now = time.monotonic()
-            for s, out in zip(scheduled, outs):
-                self._postprocess(s, out, now)
-        return self._collect_outputs()
+            self._finish_inflight(prev)
+
+    def _finish_inflight(self, step) -> None:
+        scheduled, batch, pending, t0 = step
+        outs = pending.result()
+        self.stats.record_step(batch, time.perf_counter() - t0)
+        now = time.monotonic()
+        for s, out in zip(scheduled, outs):
+            self._postprocess(s, out, now)
 
     def _hold(self, seq: Sequence) -> bool:
         """Async scheduling: wait for seq's pending token instead of computing after it."""
@@ -355,30 +384,6 @@ class LLMEngine:
                 del self.requests[rid]
                 self.stats.record_finished(req)
         return results
-
-    # -- direct use -------------------------------------------------------------------------------
-
-    def logits(self, token_ids: list[int]):
-        """Raw logits [len(token_ids), vocab] of one sequence, run outside the scheduler."""
-        import numpy as np
-
-        ids = self.validate_prompt(token_ids, SamplingParams(max_tokens=1))
-        if self.scheduler.has_unfinished():
-            raise RuntimeError("logits() needs an idle engine")
-        self._seq_counter += 1
-        seq = Sequence(self._seq_counter, "__logits__", ids, SamplingParams(), 0)
-        chunk = self.config.scheduler.max_num_batched_tokens
-        rows = []
-        try:
-            for start in range(0, len(ids), chunk):
-                part = ids[start : start + chunk]
-                if not self.block_manager.allocate(seq, start + len(part)):
-                    raise RuntimeError("not enough KV blocks for logits()")
-                inp = SeqInput(seq.seq_id, part, start, list(seq.block_table), return_logits=True)
-                rows.append(self.backend.execute(ModelInput([inp]))[0].logits)
-        finally:
-            self.block_manager.free(seq)
-        return np.concatenate(rows, axis=0)
 
     def metrics(self) -> dict:
         bm = self.block_manager

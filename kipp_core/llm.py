@@ -7,7 +7,7 @@ import sys
 import uuid
 from collections.abc import Sequence as SequenceABC
 
-from kipp_core.backend import BackendOptions, backend_class, default_backend
+from kipp_core.backend import BackendOptions, ModelInput, SeqInput, backend_class, default_backend
 from kipp_core.chat_template import chat_template_for, read_template
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
@@ -17,6 +17,7 @@ from kipp_core.outputs import RequestOutput
 from kipp_core.resolve import DEFAULT_MODEL, resolve_model
 from kipp_core.sampling import SamplingParams, TokenLogprob
 from kipp_core.scheduler import SchedulerConfig
+from kipp_core.sequence import Sequence
 from kipp_core.tokenizer import Tokenizer
 
 log = logging.getLogger("kipp")
@@ -215,8 +216,28 @@ class LLM:
         return [o.prompt_logprobs for o in outs]
 
     def logits(self, token_ids: list[int]):
-        """Raw logits of every position, float32 [len(token_ids), vocab_size]."""
-        return self.engine.logits(self.encode_prompt(token_ids))
+        """Raw logits of every position, float32 [len(token_ids), vocab_size], run outside the
+        scheduler (the engine must be idle)."""
+        import numpy as np
+
+        engine = self.engine
+        ids = engine.validate_prompt(self.encode_prompt(token_ids), SamplingParams(max_tokens=1))
+        if engine.scheduler.has_unfinished():
+            raise RuntimeError("logits() needs an idle engine")
+        engine._seq_counter += 1
+        seq = Sequence(engine._seq_counter, "__logits__", ids, SamplingParams(), 0)
+        chunk = engine.config.scheduler.max_num_batched_tokens
+        rows = []
+        try:
+            for start in range(0, len(ids), chunk):
+                part = ids[start : start + chunk]
+                if not engine.block_manager.allocate(seq, start + len(part)):
+                    raise RuntimeError("not enough KV blocks for logits()")
+                inp = SeqInput(seq.seq_id, part, start, list(seq.block_table), return_logits=True)
+                rows.append(engine.backend.execute(ModelInput([inp]))[0].logits)
+        finally:
+            engine.block_manager.free(seq)
+        return np.concatenate(rows, axis=0)
 
     def _run(self, items, use_tqdm) -> list[RequestOutput]:
         engine = self.engine
@@ -243,6 +264,8 @@ class LLM:
                     order.append(rid)
                     room -= p.n
                 for out in engine.step():
+                    if out.error is not None:
+                        raise RuntimeError(f"prompt {order.index(out.request_id)}: {out.error}")
                     if out.finished:
                         results[out.request_id] = out
                         if bar is not None:

@@ -71,6 +71,7 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt: str | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None  # the engine failed this request (it finished as "abort")
 
     # The first completion's fields, for the common n == 1 case.
     @property
@@ -84,3 +85,35 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+
+def merge_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Delta outputs `a` then `b` of one request as one: texts, ids and logprobs concatenated;
+    the state (finish, metrics, error) is b's. Neither input is changed."""
+    outs = {c.index: c for c in a.outputs}
+    for c in b.outputs:
+        p = outs.get(c.index)
+        if p is None:
+            outs[c.index] = c
+            continue
+        outs[c.index] = CompletionOutput(
+            index=c.index,
+            text=p.text + c.text,
+            token_ids=p.token_ids + c.token_ids,
+            logprobs=None if c.logprobs is None else (p.logprobs or []) + c.logprobs,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+            text_delta=p.text_delta + c.text_delta,
+            token_ids_delta=p.token_ids_delta + c.token_ids_delta,
+            logprobs_delta=p.logprobs_delta + c.logprobs_delta,
+        )
+    return RequestOutput(
+        b.request_id,
+        a.prompt_token_ids or b.prompt_token_ids,
+        [outs[i] for i in sorted(outs)],
+        b.finished,
+        b.metrics,
+        a.prompt if a.prompt is not None else b.prompt,
+        a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
+        b.error,
+    )

@@ -3,6 +3,7 @@ and the RequestOutput built from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -35,20 +36,20 @@ class Request:
     prompt: str | None = None
     score_only: bool = False
     final_only: bool = False  # report only when done (offline LLM.generate)
+    delta: bool = False  # each output holds only what is new (the server's streams)
+    error: str | None = None  # why the engine failed it (kipp_core/quarantine.py)
+    reported: bool = False  # an output has been made (delta: the prompt went with it)
 
 
 def request_output(req: Request, done: bool) -> RequestOutput:
-    """The request's RequestOutput now: cumulative fields plus what is new since the last one."""
-    m = req.metrics
-    seqs = [st.seq for st in req.states]
-    m.first_scheduled_time = min(
-        (s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None),
-        default=None,
-    )
-    m.num_output_tokens = sum(len(s.output_token_ids) for s in seqs)
-    m.num_cached_tokens = max(s.num_cached_tokens for s in seqs)
-    if done:
-        m.finished_time = max(s.finished_time or time.monotonic() for s in seqs)
+    """The request's RequestOutput now: cumulative fields plus what is new since the last one.
+
+    A `delta` request's outputs hold only what is new, as plain data that nothing else refers
+    to: text, token_ids and logprobs are the deltas, and the prompt's ids and logprobs come with
+    the first output only (merge_outputs sums them up again)."""
+    if req.delta:
+        return _delta_output(req, done)
+    m = _metrics(req, done)
     outs = []
     for st in req.states:
         s = st.seq
@@ -65,7 +66,7 @@ def request_output(req: Request, done: bool) -> RequestOutput:
                 logprobs_delta=list(st.delta_logprobs),
             )
         )
-    plp = seqs[0].prompt_logprobs if req.params.prompt_logprobs is not None else None
+    plp = req.states[0].seq.prompt_logprobs if req.params.prompt_logprobs is not None else None
     return RequestOutput(
         req.request_id,
         req.prompt_token_ids,
@@ -74,6 +75,51 @@ def request_output(req: Request, done: bool) -> RequestOutput:
         m,
         req.prompt,
         list(plp) if plp is not None else None,
+        req.error,
+    )
+
+
+def _metrics(req: Request, done: bool) -> RequestMetrics:
+    m = req.metrics
+    seqs = [st.seq for st in req.states]
+    m.first_scheduled_time = min(
+        (s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None),
+        default=None,
+    )
+    m.num_output_tokens = sum(len(s.output_token_ids) for s in seqs)
+    m.num_cached_tokens = max(s.num_cached_tokens for s in seqs)
+    if done:
+        m.finished_time = max(s.finished_time or time.monotonic() for s in seqs)
+    return dataclasses.replace(m)  # a snapshot: the engine goes on updating its own
+
+
+def _delta_output(req: Request, done: bool) -> RequestOutput:
+    first = not req.reported
+    req.reported = True
+    outs = [
+        CompletionOutput(
+            index=st.seq.stream,
+            text=st.delta_text,
+            token_ids=st.delta_ids,
+            logprobs=st.delta_logprobs if req.params.logprobs is not None else None,
+            finish_reason=st.seq.finish_reason,
+            stop_reason=st.seq.stop_reason,
+            text_delta=st.delta_text,
+            token_ids_delta=st.delta_ids,
+            logprobs_delta=st.delta_logprobs,
+        )
+        for st in req.states
+    ]
+    plp = req.states[0].seq.prompt_logprobs if req.params.prompt_logprobs is not None else None
+    return RequestOutput(
+        req.request_id,
+        list(req.prompt_token_ids) if first else [],
+        outs,
+        done,
+        _metrics(req, done),
+        req.prompt if first else None,
+        list(plp) if plp is not None and first else None,
+        req.error,
     )
 
 

@@ -84,7 +84,8 @@ def process_logits(logits: np.ndarray, st: SamplerState) -> np.ndarray:
             np.concatenate([_ids_below(st.prompt_token_ids, v), _ids_below(st.output_token_ids, v)])
         )
         rp = _F32(p.repetition_penalty)
-        x[seen] = np.where(x[seen] > 0, x[seen] / rp, x[seen] * rp)
+        with np.errstate(over="ignore"):  # +-inf is a defined outcome (SamplingParams' bounds)
+            x[seen] = np.where(x[seen] > 0, x[seen] / rp, x[seen] * rp)
     if p.frequency_penalty or p.presence_penalty:
         # Two separate subtractions, as vLLM does; the order matters in float32.
         counts = np.bincount(_ids_below(st.output_token_ids, v), minlength=v).astype(_F32)
@@ -110,8 +111,8 @@ def _mask_top_p(x: np.ndarray, top_p: float) -> np.ndarray:
     c = np.cumsum(e, dtype=_F32)  # sequential float32 sum
     before = np.concatenate([np.zeros(1, _F32), c[:-1]])  # mass of strictly better tokens
     # Keep token j while the mass before it is < top_p (of the total): the smallest prefix
-    # whose mass reaches top_p. `before[0]` is 0, so at least one token stays.
-    n_keep = int(np.count_nonzero(before < _F32(top_p) * c[-1]))
+    # whose mass reaches top_p. A top_p that is 0 in float32 keeps the top token (vLLM's).
+    n_keep = max(1, int(np.count_nonzero(before < _F32(top_p) * c[-1])))
     boundary = x[order[n_keep - 1]]
     return np.where(x >= boundary, x, _NEG_INF)  # ties with the last kept token stay
 
@@ -122,7 +123,8 @@ def filtered_logits(processed: np.ndarray, params: SamplingParams) -> np.ndarray
     For random sampling only (needs temperature >= GREEDY_EPS).
     """
     # True division by a float32 temperature: device code must not multiply by a reciprocal.
-    x = np.asarray(processed, dtype=_F32) / _F32(params.temperature)
+    with np.errstate(over="ignore"):
+        x = np.asarray(processed, dtype=_F32) / _F32(params.temperature)
     if not np.isfinite(x.max()):  # everything masked (or a +inf logit): nothing to filter
         return x
     if params.min_p > 0:
@@ -153,6 +155,10 @@ def probs(logits: np.ndarray, st: SamplerState) -> np.ndarray:
         out[np.argmax(x)] = 1
         return out
     f = filtered_logits(x, st.params)
+    if f.max() == np.inf:  # an overflowed logit: sample's argmax takes the first +inf
+        out = np.zeros(f.size, dtype=_F32)
+        out[np.argmax(f)] = 1
+        return out
     e = np.exp(f - f.max())
     return e / e.sum(dtype=_F32)
 

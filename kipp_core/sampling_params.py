@@ -17,6 +17,11 @@ MAX_N = 128
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
+# The samplers compute in float32: x / temperature, x / rp and x * rp. A float32 temperature of
+# inf makes -inf / inf = NaN; a repetition penalty of 0 or inf makes -inf * 0 or 0 * inf = NaN.
+# Within these bounds a processed logit can overflow to +-inf but never become NaN.
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
 def _bad(name: str, rule: str, value) -> ValueError:
@@ -163,12 +168,21 @@ class SamplingParams:
             v[name] = _as_bool(name, getattr(self, name))
         if v["temperature"] < 0:
             raise _bad("temperature", ">= 0", self.temperature)
+        if np.isinf(np.float32(v["temperature"])):
+            raise _bad(
+                "temperature", f"at most {F32_MAX:.8g} (it runs in float32)", self.temperature
+            )
         if not 0 < v["top_p"] <= 1:
             raise _bad("top_p", "in (0, 1]", self.top_p)
         if v["top_k"] < -1:
             raise _bad("top_k", "-1 (off), 0 (off) or positive", self.top_k)
-        if v["repetition_penalty"] <= 0:
-            raise _bad("repetition_penalty", "> 0", self.repetition_penalty)
+        rp32 = np.float32(v["repetition_penalty"])
+        if not F32_TINY <= rp32 <= F32_MAX:  # also > 0: 0 and subnormals are below TINY
+            raise _bad(
+                "repetition_penalty",
+                f"in [{F32_TINY:.8g}, {F32_MAX:.8g}] (it runs in float32)",
+                self.repetition_penalty,
+            )
         if self.max_tokens is not None:
             v["max_tokens"] = _as_int("max_tokens", self.max_tokens)
             if v["max_tokens"] < 1:

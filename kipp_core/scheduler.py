@@ -8,7 +8,7 @@ run out, the newest running sequence is preempted: its blocks are freed and it r
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,6 +56,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # A backend that runs a step's sequences one after another (the oracle: a step costs
+        # the sum of its sequences) shares each step equally between requests (_share), so
+        # one request's n cannot slow another by more than its own share.
+        self.serial_seqs = False
 
     def add(self, seq: Sequence) -> None:
         if len(self.waiting) >= self.config.max_waiting:
@@ -69,17 +73,31 @@ class Scheduler:
         self,
         drafts: dict[int, list[int]] | None = None,
         hold: Callable[[Sequence], bool] | None = None,
+        only: set[int] | None = None,
     ) -> list[ScheduledSeq]:
         """Pick this step's work. `drafts` maps seq_id to proposed draft tokens for decodes;
         running sequences for which `hold` is true wait this step out (async scheduling: their
-        pending token must be known first)."""
+        pending token must be known first). With `only`, just those seq ids run (a request
+        under suspicion alone: they head the waiting queue)."""
         budget = self.config.max_num_batched_tokens
         chunk_cap = self.config.long_prefill_threshold or budget
         out: list[ScheduledSeq] = []
         scheduled: set[int] = set()
         preempted = False
-        for seq in list(self.running):
+        cap = self._share(hold, only) if self.serial_seqs else None
+        taken: Counter[str] = Counter()
+        running = list(self.running)
+        if cap is not None:  # within a request, its lagging sequences first
+            first: dict[str, int] = {}
+            for i, s in enumerate(running):
+                first.setdefault(s.request_id, i)
+            running.sort(key=lambda s: (first[s.request_id], len(s.output_token_ids)))
+        for seq in running:
             if seq.status is not SeqStatus.RUNNING or budget <= 0 or (hold and hold(seq)):
+                continue
+            if only is not None and seq.seq_id not in only:
+                continue
+            if cap is not None and taken[seq.request_id] >= cap:
                 continue
             draft = (drafts or {}).get(seq.seq_id, []) if seq.num_uncomputed == 1 else []
             draft = draft[: max(0, budget - 1)]
@@ -97,13 +115,17 @@ class Scheduler:
             else:
                 out.append(ScheduledSeq(seq, n, draft))
                 scheduled.add(seq.seq_id)
+                taken[seq.request_id] += 1
                 budget -= n
-        # Admit in FIFO order; stop at the first that does not fit (no overtaking), and admit
-        # nothing in a step that had to preempt.
-        while self.waiting and not preempted and budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
+        # Admit in FIFO order; stop at the first that does not fit (no overtaking, but past a
+        # request that has its share), and admit nothing in a step that had to preempt.
+        for seq in list(self.waiting):
+            if preempted or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            seq = self.waiting[0]
+            if only is not None and seq.seq_id not in only:
+                break
+            if cap is not None and taken[seq.request_id] >= cap:
+                continue
             if not seq.block_table:
                 self.bm.allocate_prefix(seq)
             n = min(seq.num_uncomputed, budget, chunk_cap)
@@ -115,25 +137,46 @@ class Scheduler:
                 self.bm.free(seq)
                 seq.num_computed_tokens = seq.num_cached_tokens = 0
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.bm.count_admission(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.append(ScheduledSeq(seq, n, []))
             scheduled.add(seq.seq_id)
+            taken[seq.request_id] += 1
             budget -= n
         return out
 
+    def _share(self, hold, only) -> int | None:
+        """With serial_seqs: the sequences each request may run this step, the fewest any active
+        request has (the running ones, and the next to admit), so that every request gets an
+        equal share of the step's time; None with one request."""
+        if only is not None:
+            return None
+        counts: Counter[str] = Counter(s.request_id for s in self.running if not (hold and hold(s)))
+        if self.waiting:
+            head = self.waiting[0].request_id
+            counts[head] += sum(1 for s in self.waiting if s.request_id == head)
+        return min(counts.values()) if len(counts) > 1 else None
+
     def _preempt(self, seq: Sequence) -> None:
+        self.reset(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def reset(self, seq: Sequence) -> None:
+        """Free seq's blocks and put it at the head of the waiting queue, to compute again from
+        its first token (a preemption, or the suspects of a failed step)."""
         self.bm.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
         seq.num_pending = 0  # an in-flight sample is dropped; it is sampled again, the same
+        if seq.wants_prompt_logprobs and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+            seq.prompt_logprobs = [None]  # scored again from the first chunk
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.waiting.appendleft(seq)
         seq.status = SeqStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.running.remove(seq)
-        self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and free its blocks at once (also used for aborts)."""

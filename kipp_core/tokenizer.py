@@ -19,6 +19,7 @@ from kipp_core.vocab import bytes_to_unicode
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
+        self.model_dir = model_dir
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise ValueError(f"tokenizer.json not found in {model_dir}")

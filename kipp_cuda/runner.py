@@ -16,7 +16,7 @@ import logging
 import numpy as np
 import torch
 
-from kipp_core.backend import ModelInput, SeqOutput
+from kipp_core.backend import SCORE_CHUNK, ModelInput, SeqOutput
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda import kv_cache
@@ -115,9 +115,11 @@ class ModelRunner:
         # top: the graph's argmax of each logits row (a greedy batch needs no argmax launch)
         hidden, logits, top = self.forward(run) if run.seqs else (None, None, None)
         # Which rows need logits: every row (return_logits), score rows, the sampling rows.
-        rows, spans = [], []
+        rows, spans, scored = [], [], []
         off = 0
-        for s in batch.seqs:
+        for i, s in enumerate(batch.seqs):
+            if s.score_targets:  # scored a chunk at a time from the hidden rows (_score)
+                scored.append((i, off + s.score_start))
             n = len(s.token_ids)
             if s.save_hidden is not None:
                 self.end_hidden[s.save_hidden].copy_(hidden[off + n - 1])
@@ -134,8 +136,6 @@ class ModelRunner:
             want = set()
             if s.return_logits:
                 want.update(range(n))
-            if s.score_targets:
-                want.update(range(s.score_start, s.score_start + len(s.score_targets)))
             if s.sampler is not None:
                 want.update(range(n - len(s.draft_token_ids) - 1, n))
             local = sorted(want)
@@ -143,6 +143,9 @@ class ModelRunner:
             rows.extend(off + r for r in local)
             off += n
         outs = [SeqOutput() for _ in batch.seqs]
+        for i, row0 in scored:
+            s = batch.seqs[i]
+            outs[i].scores = self._score(hidden, row0, s.score_targets, s.num_score_logprobs)
         if not rows and not hits:
             return PendingSamples(outs)
         if rows and logits is None:
@@ -195,13 +198,19 @@ class ModelRunner:
                     outs[i].logprobs = token_logprobs(
                         logits[r[: len(outs[i].token_ids)]], outs[i].token_ids, s.num_logprobs
                     )
-            if s.score_targets:
-                r = [sp[j] for j in range(s.score_start, s.score_start + len(s.score_targets))]
-                outs[i].scores = token_logprobs(logits[r], s.score_targets, s.num_score_logprobs)
             if s.return_logits:  # (a prompt-end hit's one row is row -1)
                 outs[i].logits = logits[[sp[j] for j in (range(n) if n else [-1])]].cpu().numpy()
         rows = [i for i, _ in plain]
         return PendingSamples(outs, rows, toks if plain else None, self._pins.next(), ring)
+
+    def _score(self, hidden: torch.Tensor, row0: int, targets: list[int], top_n: int) -> list:
+        """Prompt logprobs of hidden rows row0.. (row j predicts targets[j]), in chunks."""
+        scores = []
+        for a in range(0, len(targets), SCORE_CHUNK):
+            t = targets[a : a + SCORE_CHUNK]
+            logits = self.model.compute_logits(hidden[row0 + a : row0 + a + len(t)])
+            scores += token_logprobs(logits, t, top_n)
+        return scores
 
     def _from_cache(self, batch: ModelInput, hits: list[int]):
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved

@@ -157,7 +157,7 @@ def _mask_top_p(
     ok = finite[idx] if len(rows) < x.shape[0] else finite
     sub_max = sub.max(dim=-1, keepdim=True).values
     # Only the values within the window of the maximum can move the sequential sum.
-    n_cand = int((sub >= sub_max - _TOP_P_WINDOW).sum(dim=-1).max())
+    n_cand = max(1, int((sub >= sub_max - _TOP_P_WINDOW).sum(dim=-1).max()))
     if n_cand * 8 < V:
         s = torch.topk(sub, n_cand, dim=-1).values
     else:
@@ -166,7 +166,8 @@ def _mask_top_p(
     e = torch.where(ok, e, (torch.arange(s.shape[1], device=dev) == 0).float())  # inert rows
     p = torch.from_numpy(np.array(top_p, dtype=np.float32)).to(dev)
     n_keep = top_p_keep(e.contiguous(), p)
-    boundary = s.gather(1, (n_keep - 1)[:, None])
+    # n_keep is in [1, L] by construction; the clamp makes an out-of-range gather impossible.
+    boundary = s.gather(1, (n_keep - 1).clamp(0, s.shape[1] - 1)[:, None])
     masked = torch.where(~ok | (sub >= boundary), sub, _NEG_INF)  # ties with the last kept stay
     if len(rows) == x.shape[0]:
         return masked

@@ -17,7 +17,14 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from kipp_core.backend import PENDING, BackendOptions, ModelInput, SeqInput, SeqOutput
+from kipp_core.backend import (
+    PENDING,
+    SCORE_CHUNK,
+    BackendOptions,
+    ModelInput,
+    SeqInput,
+    SeqOutput,
+)
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
@@ -31,7 +38,6 @@ from kipp_mlx.sampler import sample
 log = logging.getLogger("kipp")
 
 DTYPES = {None: mx.bfloat16, "bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
-SCORE_CHUNK = 256  # rows of logits scored at a time: [256, 151936] float32 is 155 MB
 
 
 class MlxBackend:

@@ -161,7 +161,7 @@ def filtered_logits(f: mx.array, params: Sequence, active: Sequence[bool]) -> mx
             before = mx.concatenate([mx.zeros((R, 1), F32), c[:, :-1]], axis=-1)
             cut = mx.array(top_p, F32)[:, None] * c[:, -1:]
             n_keep = mx.sum(before < cut, axis=-1, keepdims=True).astype(mx.int32)
-            # n_keep >= 1 on finite rows; the guard keeps the index valid on the others
+            # n_keep is 0 where top_p is 0 in float32: the top token stays, as in the reference
             boundary = mx.take_along_axis(s2, mx.maximum(n_keep, 1) - 1, axis=-1)
             thr = mx.maximum(thr, mx.where(mx.array(has_p)[:, None], boundary, NEG_INF))
     out = mx.where(g >= thr, g, NEG_INF)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kipp_core.backend import BackendOptions, ModelInput, SeqInput, SeqOutput
+from kipp_core.backend import SCORE_CHUNK, BackendOptions, ModelInput, SeqInput, SeqOutput
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.sampling import logprobs, logprobs_rows, sample
@@ -84,6 +84,7 @@ class OracleBackend:
             2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * itemsize
         )
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
+        self.serial_seqs = True  # one sequence at a time: a step costs the sum of its sequences
         self.hidden_slots: dict[int, np.ndarray] = {}
         self.kv = PagedKV(
             c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim, DTYPES[dtype]
@@ -112,9 +113,12 @@ class OracleBackend:
         if s.return_logits:
             out.logits = compute_logits(self.weights, hidden).astype(np.float32)
         if s.score_targets:
-            n = len(s.score_targets)
-            rows = self._logits(hidden[s.score_start : s.score_start + n], out, s.score_start)
-            out.scores = logprobs_rows(rows, s.score_targets, s.num_score_logprobs)
+            out.scores = []
+            for a in range(0, len(s.score_targets), SCORE_CHUNK):
+                t = s.score_targets[a : a + SCORE_CHUNK]
+                row0 = s.score_start + a
+                rows = self._logits(hidden[row0 : row0 + len(t)], out, row0)
+                out.scores += logprobs_rows(rows, t, s.num_score_logprobs)
         if s.sampler is not None:
             k = len(s.draft_token_ids)
             rows = self._logits(hidden[-(k + 1) :], out, len(s.token_ids) - k - 1)

@@ -84,3 +84,12 @@ def nmse(a, b) -> float:
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return float(np.mean((a - b) ** 2) / max(np.mean(b**2), 1e-30))
+
+
+def status_mb(field: str) -> float:
+    """A memory field of /proc/self/status (VmRSS, VmHWM: the peak) in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(field)

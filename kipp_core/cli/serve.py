@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+from pathlib import Path
 
 from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
 
@@ -28,7 +30,21 @@ def build_parser() -> Parser:
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (visible in ps: prefer KIPP_API_KEY or "
+        "--api-key-file)",
+    )
+    s.add_argument("--api-key-file", default=None, help="read the API key from this file")
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="without an API key, also answer this Host name (repeatable; '*' for any); "
+        "loopback names always",
+    )
     s.add_argument("--served-model-name", default=None, help="the model id clients use")
     s.add_argument(
         "--max-waiting",
@@ -43,8 +59,30 @@ def build_parser() -> Parser:
         default=5.0,
         help="seconds before an idle connection is closed",
     )
+    for flag, default, what in (
+        ("--write-timeout", 30.0, "seconds a stream may wait on a client that reads nothing"),
+        ("--body-timeout", 30.0, "seconds a request body may take to arrive (408)"),
+        ("--shutdown-timeout", 30.0, "seconds in-flight requests get after SIGTERM/SIGINT"),
+    ):
+        s.add_argument(flag, type=float, default=default, help=f"{what} (default {default:g})")
+    s.add_argument("--no-access-log", action="store_true", help="no line per request")
     add_model_args(p)
     return p
+
+
+def api_key(args) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $KIPP_API_KEY."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text("utf-8").strip()
+        except OSError as e:
+            raise UsageError(f"kipp serve: error: --api-key-file: {e.strerror}") from None
+        if not key:
+            raise UsageError(f"kipp serve: error: --api-key-file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("KIPP_API_KEY") or None
 
 
 def _loader(args):
@@ -62,10 +100,15 @@ async def _serve(args) -> None:
     config = ServerConfig(
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=args.key,
         served_model_name=args.served_model_name or args.model,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         keepalive_timeout=args.keep_alive_timeout,
+        write_timeout=args.write_timeout,
+        body_timeout=args.body_timeout,
+        shutdown_timeout=args.shutdown_timeout,
+        access_log=not args.no_access_log,
+        allowed_hosts=tuple(h.lower() for h in args.allowed_host),
     )
     server = APIServer(config, loader=_loader(args))
     await server.start()
@@ -77,9 +120,17 @@ async def _serve(args) -> None:
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # the second signal: no more waiting
+            log.warning("second signal: exiting now")
+            os._exit(1)
+        log.info("shutting down: draining requests for up to %gs", config.shutdown_timeout)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # not on this platform / thread
             pass
     stopped = asyncio.ensure_future(stop.wait())
@@ -87,11 +138,12 @@ async def _serve(args) -> None:
         await asyncio.wait([server.loaded, stopped], return_when=asyncio.FIRST_COMPLETED)
         if server.loaded.done():
             server.loaded.result()  # raises if loading failed
+            server.state.ctx.offload.start()  # its fork must not pause a request later
             log.info("model loaded; ready")
             await stopped
     finally:
         stopped.cancel()
-        await server.stop()
+        await server.drain(config.shutdown_timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -101,6 +153,10 @@ def main(argv: list[str]) -> int:
     for name in ("max_waiting", "max_body_mb", "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"kipp serve: error: --{name.replace('_', '-')} must be positive")
+    for name in ("write_timeout", "body_timeout", "shutdown_timeout"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"kipp serve: error: --{name.replace('_', '-')} must be >= 0")
+    args.key = api_key(args)
     setup_logging(args.verbose)
     try:
         asyncio.run(_serve(args))

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 
 from aiohttp import web
 
+from kipp_core.server.access_log import log_request
 from kipp_core.server.async_engine import EngineFailure
+from kipp_core.server.body import expect_continue
 from kipp_core.server.chat_completions import create_chat_completion
 from kipp_core.server.completions import create_completion
 from kipp_core.server.context import STATE, ServerState
 from kipp_core.server.errors import APIError
+from kipp_core.server.http_layer import no_versions
 from kipp_core.server.metrics import CONTENT_TYPE, ServerMetrics
-from kipp_core.server.streaming import DISCONNECTED, dumps
+from kipp_core.server.streaming import DISCONNECTED, WRITE_TIMEOUT, dumps
 
 log = logging.getLogger("kipp")
 
@@ -33,8 +37,12 @@ def _http_error(e: web.HTTPException, request: web.Request) -> APIError:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
-    """Every failure becomes an OpenAI error body; each request is counted by status."""
+    """Every failure becomes an OpenAI error body; each request is counted by status and
+    logged (access_log.py)."""
     status = 500
+    started = time.monotonic()
+    state = request.app[STATE]
+    state.inflight += 1
     try:
         response = await handler(request)
         status = 499 if request.get(DISCONNECTED) else response.status
@@ -56,22 +64,54 @@ async def errors_middleware(request: web.Request, handler):
         log.exception("unhandled error in %s %s", request.method, request.path)
         return APIError(500, "internal server error").response()
     finally:
+        state.inflight -= 1
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
-        request.app[STATE].metrics.requests.labels(name, str(status)).inc()
+        state.metrics.requests.labels(name, str(status)).inc()
+        if state.config.access_log:
+            log_request(request, status, started)
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def _host_allowed(request: web.Request, config) -> bool:
+    host = request.host or ""
+    if host.startswith("["):  # [::1]:8000
+        host = host[1 : host.find("]")]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    host = host.lower().rstrip(".")
+    allowed = {*LOOPBACK_HOSTS, *config.allowed_hosts}
+    if config.host not in ("0.0.0.0", "::", ""):
+        allowed.add(config.host)
+    return "*" in allowed or host in allowed or host.endswith(".localhost")
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    key = request.app[STATE].config.api_key
-    if key and request.path not in OPEN_PATHS:
-        got = request.headers.get("Authorization", "").encode("utf-8", "replace")
-        if not hmac.compare_digest(got, f"Bearer {key}".encode()):
+    """The API key ('Authorization: Bearer KEY', the scheme in any case); without one, only
+    requests to a loopback or allowed Host name (DNS rebinding)."""
+    config = request.app[STATE].config
+    key = config.api_key
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    if key:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        got = token.strip().encode("utf-8", "replace")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(got, key.encode()):
             raise APIError(
                 401,
                 "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                 code="invalid_api_key",
             )
+    elif not _host_allowed(request, config):
+        raise APIError(
+            403,
+            f"Host {request.host!r} is not allowed: without an API key the server answers only "
+            "loopback names and --allowed-host ones",
+            code="host_not_allowed",
+        )
     return await handler(request)
 
 
@@ -124,8 +164,12 @@ def create_app(state: ServerState) -> web.Application:
         client_max_size=state.config.max_body_bytes,
     )
     app[STATE] = state
-    app.router.add_post("/v1/completions", create_completion)
-    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app[WRITE_TIMEOUT] = state.config.write_timeout
+    app.on_response_prepare.append(no_versions)
+    app.router.add_post("/v1/completions", create_completion, expect_handler=expect_continue)
+    app.router.add_post(
+        "/v1/chat/completions", create_chat_completion, expect_handler=expect_continue
+    )
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)

@@ -4,15 +4,17 @@ ToolCallStream), which give the same result by construction."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
 
+from kipp_core.server.access_log import ACCESS, STREAM
 from kipp_core.server.async_engine import EngineRequest, RequestStream
+from kipp_core.server.body import read_json
 from kipp_core.server.chat_request import ChatRequest, parse_request
 from kipp_core.server.context import STATE, ServingContext
 from kipp_core.server.logprobs import chat_logprobs
-from kipp_core.server.protocol import parse_json
 from kipp_core.server.reasoning import ReasoningStream, split_reasoning
 from kipp_core.server.streaming import dumps, stream_response
 from kipp_core.server.tool_parser import (
@@ -178,8 +180,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     state = request.app[STATE]
     ctx = state.ready()
-    req = parse_request(parse_json(await request.read()), ctx)
+    body = await read_json(request)
+    # Off the event loop: rendering a long chat and tokenizing it take a while (offload.py)
+    req = await asyncio.get_running_loop().run_in_executor(None, parse_request, body, ctx)
     rid = ctx.new_id("chatcmpl")
+    request[ACCESS] = rid
     item = EngineRequest(rid, req.prompt_token_ids, req.params, req.prompt)
     response = _Response(req, ctx, rid)
     try:
@@ -188,15 +193,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         elif req.required_tools:
             opened = req.tool_prefix != "<tool_call>\n"  # a named function: past its name
             await ctx.constrain_tool_call(rid, req.required_tools, opened, req.tool_schemas)
-        stream = await ctx.submit([item], arrival, state.config.retry_after_s)
+        stream = request[STREAM] = await ctx.submit([item], arrival, state.config.retry_after_s)
     except BaseException:
         ctx.release(rid)
         raise
     try:
         if not req.stream:
-            async for _ in stream:
-                pass
-            body = response.body(stream.finals[rid])
+            body = response.body((await stream.collect())[0])
             return web.Response(body=dumps(body), content_type="application/json")
         return await stream_response(request, stream, response.first_chunks(), response.chunks)
     finally:

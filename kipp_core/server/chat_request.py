@@ -276,8 +276,10 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         thinking = opened or template.thinking(enable_thinking)
     prompt += prefix
     names = forced_names(choice, tools)
-    ids = ctx.tokenizer.encode(prompt)
-    check_context(len(ids), max_tokens, ctx.max_model_len, "messages", max_param)
+    ids = ctx.encode(prompt, "messages")
+    check_context(
+        len(ids), max_tokens, ctx.max_model_len, "messages", max_param, kw.get("min_tokens", 0)
+    )
     kw["max_tokens"] = max_tokens
     kw["logprobs"] = (top or 0) if logprobs else None
     params = build_params(ctx.defaults, kw, {"max_tokens": max_param, "logprobs": "top_logprobs"})

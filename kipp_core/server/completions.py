@@ -3,13 +3,16 @@ with prompt logprobs and `max_tokens: 0` score a prompt, as evaluation harnesses
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from kipp_core.sampling import SamplingParams
+from kipp_core.server.access_log import ACCESS, STREAM
 from kipp_core.server.async_engine import EngineRequest, RequestStream
+from kipp_core.server.body import read_json
 from kipp_core.server.context import STATE, ServingContext
 from kipp_core.server.errors import bad_request
 from kipp_core.server.logprobs import completion_logprobs
@@ -20,7 +23,6 @@ from kipp_core.server.protocol import (
     build_params,
     check_context,
     check_model,
-    parse_json,
     sampling_fields,
     stream_flags,
 )
@@ -60,7 +62,7 @@ def _prompts(raw, ctx: ServingContext) -> tuple[list[list[int]], list[str]]:
     ids, texts = [], []
     for p in raw:
         if isinstance(p, str):
-            ids.append(ctx.tokenizer.encode(p))
+            ids.append(ctx.encode(p))
             texts.append(p)
         elif isinstance(p, list) and all(_is_id(t) for t in p):
             for t in p:
@@ -99,7 +101,9 @@ def parse_request(body: dict, ctx: ServingContext) -> CompletionRequest:
     if len(prompts) * kw.get("n", 1) > MAX_CHOICES:
         raise bad_request(f"at most {MAX_CHOICES} choices (prompts x n) per request", "n")
     for ids in prompts:
-        check_context(len(ids), max_tokens, ctx.max_model_len, "prompt")
+        check_context(
+            len(ids), max_tokens, ctx.max_model_len, "prompt", min_tokens=kw.get("min_tokens", 0)
+        )
     score_only = max_tokens == 0
     kw["max_tokens"] = 1 if score_only else max_tokens
     kw["logprobs"] = logprobs
@@ -199,19 +203,20 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     state = request.app[STATE]
     ctx = state.ready()
-    req = parse_request(parse_json(await request.read()), ctx)
+    body = await read_json(request)
+    # Off the event loop: tokenizing a long prompt takes a while (offload.py)
+    req = await asyncio.get_running_loop().run_in_executor(None, parse_request, body, ctx)
     rid = ctx.new_id("cmpl")
+    request[ACCESS] = rid
     items = [
         EngineRequest(f"{rid}-{i}", ids, req.params, text, req.score_only)
         for i, (ids, text) in enumerate(zip(req.prompts, req.prompt_texts))
     ]
     response = _Response(req, ctx, [r.request_id for r in items])
-    stream = await ctx.submit(items, arrival, state.config.retry_after_s)
+    stream = request[STREAM] = await ctx.submit(items, arrival, state.config.retry_after_s)
     try:
         if not req.stream:
-            async for _ in stream:
-                pass
-            finals = [stream.finals[r.request_id] for r in items]
+            finals = await stream.collect()
             return web.Response(body=dumps(response.body(finals)), content_type="application/json")
         return await stream_response(request, stream, [], response.chunks)
     finally:

@@ -14,6 +14,7 @@ from kipp_core.llm import LLM
 from kipp_core.scheduler import QueueFullError
 from kipp_core.server.async_engine import AsyncEngine, EngineRequest, RequestStream
 from kipp_core.server.errors import APIError, bad_request
+from kipp_core.server.offload import Offload
 
 
 @dataclass
@@ -25,6 +26,13 @@ class ServerConfig:
     max_body_bytes: int = 16 << 20  # 413 above this
     keepalive_timeout: float = 5.0  # idle keep-alive connections are closed after this (uvicorn's)
     retry_after_s: int = 1  # the Retry-After of a 429
+    write_timeout: float = 30.0  # a stream whose client takes no data this long is aborted
+    body_timeout: float = 30.0  # a request body must arrive within this (408)
+    shutdown_timeout: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    access_log: bool = True  # one line a request on the kipp.access logger
+    # Without an API key, only these Host names (and loopback ones) are served: a browser page
+    # cannot reach the server by DNS rebinding. "*" allows any.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -42,6 +50,23 @@ class ServingContext:
         self.max_model_len = self.llm.engine.max_model_len
         self.vocab_size = self.llm.engine.model_config.vocab_size
         self.defaults = self.llm.default_sampling_params()
+        self.max_waiting = self.llm.engine.config.scheduler.max_waiting
+        self.offload = Offload(getattr(self.tokenizer, "model_dir", None))
+        # NFC (the tokenizer's normalizer) shrinks UTF-8 at most 3x (three jamo, 9 bytes, make
+        # one Hangul syllable of 3), and no token holds more than this many bytes:
+        self.bytes_per_token = 3 * max(len(b) for b in self.tokenizer._bytes)
+
+    def encode(self, text: str, what: str = "prompt") -> list[int]:
+        """Token ids of `text` (off the GIL's way for a long one: offload.py; call it from a
+        worker thread). A text that must hold more tokens than the context is a 400 at once."""
+        least = len(text.encode("utf-8", "surrogatepass")) // self.bytes_per_token
+        if least >= self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens; the {what} "
+                f"holds at least {least} tokens. Please reduce the length of the {what}.",
+                what,
+            )
+        return self.offload.encode(self.tokenizer, text)
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -99,8 +124,15 @@ class ServingContext:
     async def submit(
         self, requests: list[EngineRequest], arrival_time: float, retry_after_s: int
     ) -> RequestStream:
-        """Queue the engine requests of one HTTP request: 400 for what the engine rejects, 429
-        with Retry-After when its waiting queue is full."""
+        """Queue the engine requests of one HTTP request: 400 for what the engine rejects or
+        what can never fit its waiting queue, 429 with Retry-After when that queue is full."""
+        seqs = sum(r.params.n for r in requests)
+        if seqs > self.max_waiting:
+            raise bad_request(
+                f"the request has {seqs} sequences (prompts x n) but the server queues at most "
+                f"{self.max_waiting}",
+                "n",
+            )
         try:
             return await self.engine.submit(requests, arrival_time)
         except QueueFullError as e:
@@ -123,8 +155,12 @@ class ServerState:
         self.ctx: ServingContext | None = None
         self.load_error: str | None = None
         self.metrics = None  # a ServerMetrics, set by the app factory
+        self.draining = False  # shutting down: new requests get 503
+        self.inflight = 0  # generation requests being handled
 
     def ready(self) -> ServingContext:
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
         if self.ctx is not None:
             return self.ctx
         if self.load_error is not None:

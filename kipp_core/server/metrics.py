@@ -78,8 +78,8 @@ class ServerMetrics:
             self.queue_wait.observe(m.queue_wait)
         if m.finished_time is not None:
             self.e2e.observe(m.finished_time - m.arrival_time)
-        self.prompt_tokens.inc(len(out.prompt_token_ids))
-        self.generation_tokens.inc(sum(len(c.token_ids) for c in out.outputs))
+        self.prompt_tokens.inc(m.num_prompt_tokens)
+        self.generation_tokens.inc(m.num_output_tokens)
         for c in out.outputs:
             self.finished.labels(c.finish_reason or "abort").inc()
 

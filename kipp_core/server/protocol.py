@@ -223,9 +223,21 @@ def build_params(
 
 
 def check_context(
-    num_prompt: int, max_tokens: int | None, limit: int, what: str, max_param: str = "max_tokens"
+    num_prompt: int,
+    max_tokens: int | None,
+    limit: int,
+    what: str,
+    max_param: str = "max_tokens",
+    min_tokens: int = 0,
 ) -> None:
-    """400 naming the lengths when the prompt (plus max_tokens) does not fit the context."""
+    """400 naming the lengths when the prompt (plus max_tokens) does not fit the context, or
+    min_tokens is more than the context leaves after the prompt."""
+    if num_prompt < limit and num_prompt + min_tokens > limit:
+        raise bad_request(
+            f"min_tokens ({min_tokens}) is more than the context of {limit} tokens leaves after "
+            f"the {num_prompt} of the {what}",
+            "min_tokens",
+        )
     if num_prompt >= limit or (max_tokens is not None and num_prompt + max_tokens > limit):
         asked = num_prompt + (max_tokens or 0)
         param = what if num_prompt >= limit else max_param

@@ -15,6 +15,7 @@ from kipp_core.llm import LLM
 from kipp_core.server.app import create_app
 from kipp_core.server.async_engine import AsyncEngine
 from kipp_core.server.context import ServerConfig, ServerState, ServingContext
+from kipp_core.server.http_layer import use_kipp_handlers
 
 log = logging.getLogger("kipp")
 
@@ -58,6 +59,7 @@ class APIServer:
             shutdown_timeout=2.0,
         )
         await self._runner.setup()
+        use_kipp_handlers(self._runner)
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         try:
             await site.start()
@@ -90,11 +92,33 @@ class APIServer:
         if not self.loaded.done():
             self.loaded.set_result(None)
 
+    async def drain(self, timeout: float) -> None:
+        """Graceful shutdown: stop accepting (new requests on open connections get 503), give
+        the requests in flight `timeout` seconds to finish, then end the rest with an error
+        event (a stream) or an error body, and stop."""
+        self.state.draining = True
+        for site in list(self._runner.sites):
+            await site.stop()
+        ctx = self.state.ctx
+        if ctx is not None:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while ctx.engine.num_streams and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            if ctx.engine.num_streams:
+                log.warning(
+                    "shutdown: aborting %d request(s) still running", ctx.engine.num_streams
+                )
+                ctx.engine.abort_all("the server is shutting down; the request was aborted")
+            while self.state.inflight:  # their handlers write the final events
+                await asyncio.sleep(0.02)
+        await self.stop()
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
         if self.state.ctx is not None:
             self.state.ctx.engine.stop()
+            self.state.ctx.offload.close()
 
 
 class ServerThread:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 
 from aiohttp import web
 
@@ -10,6 +12,13 @@ from kipp_core.server.async_engine import EngineFailure
 from kipp_core.server.errors import APIError
 
 DISCONNECTED = web.RequestKey("kipp_disconnected", bool)  # set when a stream's client went away
+WRITE_TIMEOUT = web.AppKey("kipp_write_timeout", float)  # seconds; 0: none
+
+log = logging.getLogger("kipp")
+
+
+class SlowClient(Exception):
+    """The client did not take a write within the write timeout."""
 
 
 def dumps(obj) -> bytes:
@@ -35,10 +44,18 @@ class EventStream:
 
     async def send(self, events: list[dict]) -> None:
         if events:
-            await self.response.write(b"".join(b"data: " + dumps(e) + b"\n\n" for e in events))
+            await self._write(b"".join(b"data: " + dumps(e) + b"\n\n" for e in events))
+
+    async def _write(self, data: bytes) -> None:
+        # A write waits only when the transport's buffer is full: the client is not reading.
+        timeout = self._request.app.get(WRITE_TIMEOUT) or None
+        try:
+            await asyncio.wait_for(self.response.write(data), timeout)
+        except asyncio.TimeoutError:
+            raise SlowClient from None
 
     async def finish(self) -> None:
-        await self.response.write(b"data: [DONE]\n\n")
+        await self._write(b"data: [DONE]\n\n")
         await self.response.write_eof()
 
 
@@ -56,6 +73,11 @@ async def stream_response(request: web.Request, stream, first: list[dict], chunk
     except EngineFailure as e:
         await events.send([APIError(500, str(e)).body()])
         await events.finish()
+    except SlowClient:
+        log.warning("aborting %s: its client took no data for the write timeout", request.path)
+        request[DISCONNECTED] = True
+        if request.transport is not None:
+            request.transport.abort()  # drops what is buffered for it
     except ConnectionResetError:
         request[DISCONNECTED] = True
     return events.response

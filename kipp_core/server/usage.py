@@ -6,9 +6,10 @@ from kipp_core.outputs import RequestOutput
 
 
 def usage(finals: list[RequestOutput]) -> dict:
-    """Prompt tokens count once per prompt (not per choice); cached ones are the prefix hits."""
-    prompt = sum(len(o.prompt_token_ids) for o in finals)
-    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    """Prompt tokens count once per prompt (not per choice); cached ones are the prefix hits.
+    Counted from the final outputs' metrics, so a stream's last delta is enough."""
+    prompt = sum(o.metrics.num_prompt_tokens for o in finals)
+    completion = sum(o.metrics.num_output_tokens for o in finals)
     cached = sum(o.metrics.num_cached_tokens for o in finals)
     return {
         "prompt_tokens": prompt,
@@ -46,8 +47,8 @@ def timings(finals: list[RequestOutput]) -> dict:
     firsts = [m.first_token_time for m in ms if m.first_token_time is not None]
     finished = max((m.finished_time for m in ms if m.finished_time is not None), default=None)
     cache_n = sum(m.num_cached_tokens for m in ms)
-    prompt_n = sum(len(o.prompt_token_ids) for o in finals) - cache_n
-    predicted_n = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    prompt_n = sum(m.num_prompt_tokens for m in ms) - cache_n
+    predicted_n = sum(m.num_output_tokens for m in ms)
     # A scoring request (max_tokens 0) has no first token: its prefill runs until it finishes.
     prompt_ms = _ms(scheduled, max(firsts) if firsts else finished)
     predicted_ms = _ms(min(firsts), finished) if firsts else 0.0

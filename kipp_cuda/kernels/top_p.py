@@ -164,7 +164,7 @@ def top_p_keep_ref(e: torch.Tensor, top_p: torch.Tensor, return_total: bool = Fa
     for row, p in zip(rows, ps):
         c = np.cumsum(row, dtype=np.float32)
         before = np.concatenate([np.zeros(1, np.float32), c[:-1]])
-        out.append(int(np.count_nonzero(before < np.float32(p) * c[-1])))
+        out.append(max(1, int(np.count_nonzero(before < np.float32(p) * c[-1]))))
         totals.append(c[-1])
     n_keep = torch.tensor(out, dtype=torch.int64, device=e.device)
     if return_total:

@@ -8,7 +8,7 @@ import pytest
 
 from kipp_core import sampling as S
 from kipp_core.sampling import SamplingParams
-from tests.core.sampler_state import NEG_INF, f32, state
+from tests.core.sampler_state import NEG_INF, extreme_state, f32, state
 
 # --- process_logits: hand-worked, V = 6 -----------------------------------------------------------
 
@@ -161,6 +161,30 @@ def test_single_survivor_is_always_drawn():
         assert S.sample(L5, state(seed=seed, top_k=1, temperature=3.0)) == 0
         assert S.sample(L5, state(seed=seed, min_p=0.9)) == 0
         assert S.sample(LOGITS, state(seed=seed, logit_bias={4: 100.0})) == 4
+
+
+def test_a_top_p_of_zero_in_float32_keeps_the_top_token():
+    """7e-46 and 5e-324 are 0 as float32: no prefix reaches them, so only the top token stays
+    (vLLM's rule), never the whole vocabulary."""
+    for top_p in (7e-46, 5e-324, 1e-45):
+        for seed in range(50):
+            assert S.sample(L5, state(seed=seed, top_p=top_p, temperature=2.0)) == 0
+
+
+def test_extreme_valid_values_never_make_nan():
+    """Every value SamplingParams accepts, at its float32 edges: processed and filtered logits
+    are finite or +-inf (no NaN), and a token inside the vocabulary comes out."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        st = extreme_state(rng, 64)
+        logits = (rng.standard_normal(64) * 10).astype(f32)
+        kw = st.params
+        x = S.process_logits(logits, st)
+        assert not np.isnan(x).any(), kw
+        if not st.params.is_greedy:  # (filtered_logits is for random sampling only)
+            assert not np.isnan(S.filtered_logits(x, st.params)).any(), kw
+        assert 0 <= S.sample(logits, st) < 64
+        assert not np.isnan(S.probs(logits, st)).any(), kw
 
 
 def test_filtered_tokens_are_never_drawn():

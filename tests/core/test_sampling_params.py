@@ -74,6 +74,12 @@ BAD = [
     ("repetition_penalty", 0.0),
     ("repetition_penalty", -1.0),
     ("repetition_penalty", float("inf")),
+    # float32 is what the samplers compute in: these round to inf, 0 or a subnormal there
+    ("temperature", 1e39),
+    ("temperature", 1e308),
+    ("repetition_penalty", 1e-300),
+    ("repetition_penalty", 1e-40),
+    ("repetition_penalty", 1e39),
     ("presence_penalty", 2.5),
     ("presence_penalty", -2.01),
     ("frequency_penalty", -3),
@@ -143,3 +149,12 @@ def test_resolve_seed():
     assert S.resolve_seed(SamplingParams(seed=5)) == 5
     a, b = S.resolve_seed(SamplingParams()), S.resolve_seed(SamplingParams())
     assert 0 <= a < 2**64 and a != b
+
+
+def test_float32_bounds_are_the_edges_of_float32():
+    """The largest float32 (3.4028235e38) and the smallest normal one (2**-126) are accepted."""
+    assert SamplingParams(temperature=3.4028234e38).temperature == 3.4028234e38
+    assert SamplingParams(repetition_penalty=3.4028234e38).repetition_penalty == 3.4028234e38
+    assert SamplingParams(repetition_penalty=2.0**-126).repetition_penalty == 2.0**-126
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=2.0**-127)

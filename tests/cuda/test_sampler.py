@@ -17,6 +17,7 @@ from kipp_core import sampling as S
 from kipp_core.sampling import SamplerState, SamplingParams
 from kipp_cuda import sampler as ds
 from kipp_cuda.kernels import top_p as tp
+from tests.core.sampler_state import extreme_state
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -215,6 +216,15 @@ def test_everything_masked_or_infinite_rows():
         state(v, rng, temperature=0.9, top_p=0.3),
     ]
     check_batch(logits, states)
+
+
+def test_float32_edges_match_the_reference():
+    """SamplingParams' float32 edges (overflowing penalties, top_p 0 in float32): no gather out
+    of range, tokens equal to the reference."""
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        states = [extreme_state(rng, 64) for _ in range(5)]
+        check_batch(random_logits(rng, 5, 64) * 10, states)
 
 
 def test_bad_arguments():

@@ -11,6 +11,7 @@ from kipp_core import sampling as ref
 from kipp_core.sampling import SamplerState, SamplingParams
 from kipp_mlx import logprobs as dev_lp
 from kipp_mlx import sampler as dev
+from tests.core.sampler_state import extreme_state
 
 V = 3000
 
@@ -90,6 +91,16 @@ def test_processed_and_filtered_logits_equal_reference():
         want = ref.filtered_logits(ref.process_logits(x, st), st.params)
         got = dev.filtered_logits(p / np.float32(0.7), [st.params], [True])
         np.testing.assert_array_equal(np.array(got)[0], want)
+
+
+def test_float32_edges_equal_reference():
+    """SamplingParams' float32 edges (overflowing penalties, top_p 0 in float32)."""
+    rng = np.random.default_rng(8)
+    for _ in range(12):
+        states = [extreme_state(rng, V) for _ in range(5)]
+        x = np.stack([_logits(rng) * 10 for _ in range(5)])
+        got = dev.sample(mx.array(x), states).tolist()
+        assert got == [ref.sample(x[i], st) for i, st in enumerate(states)]
 
 
 def test_top_k_ties_past_k_take_the_full_sort():

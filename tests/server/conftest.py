@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 import urllib.parse
 
@@ -162,3 +163,18 @@ def assert_error_body(body, status: int | None = None) -> dict:
     assert isinstance(err["type"], str)
     assert "Traceback" not in err["message"] and 'File "' not in err["message"]
     return err
+
+
+def unread_stream(port: int, body: dict) -> socket.socket:
+    """POST /v1/completions with `body` on a socket with a 4 KiB receive window that nothing
+    reads (the caller may read it slowly)."""
+    data = json.dumps(body).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+        + f"\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return s
