@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Sequence as SequenceABC
 
 from kipp_core.backend import BackendOptions, ModelInput, SeqInput, backend_class, default_backend
-from kipp_core.chat_template import chat_template_for, read_template
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
+from kipp_core.frontend import Frontend
 from kipp_core.kv_budget import kv_summary
 from kipp_core.long_context import long_context_config
 from kipp_core.outputs import RequestOutput
@@ -18,7 +18,6 @@ from kipp_core.resolve import DEFAULT_MODEL, resolve_model
 from kipp_core.sampling import SamplingParams, TokenLogprob
 from kipp_core.scheduler import SchedulerConfig
 from kipp_core.sequence import Sequence
-from kipp_core.tokenizer import Tokenizer
 
 log = logging.getLogger("kipp")
 
@@ -60,20 +59,15 @@ class LLM:
     ):
         if kv_sizing not in ("offline", "serving"):
             raise ValueError(f"kv_sizing must be 'offline' or 'serving', got {kv_sizing!r}")
-        path, entry = resolve_model(model)
-        self.checkpoint = Checkpoint(path, entry)
-        # --max-model-len past the native context, or --rope-scaling: YaRN (kipp_core.long_context)
-        self.checkpoint.config = long_context_config(
-            self.checkpoint.config, self.checkpoint.entry, max_model_len, rope_scaling
+        self.frontend = Frontend(
+            model,
+            max_model_len=max_model_len,
+            rope_scaling=rope_scaling,
+            max_waiting=max_waiting,
+            speculative=bool(speculative or speculative_model),
         )
-        self.config = self.checkpoint.config
-        self.tokenizer = Tokenizer(path)
-        self.chat_template = chat_template_for(
-            read_template(path, self.tokenizer.config),
-            entry.chat_template if (entry := self.checkpoint.entry) else "qwen3",
-            self.tokenizer.config,
-            str(path),
-        )
+        self.checkpoint, self.config = self.frontend.checkpoint, self.frontend.config
+        self.tokenizer, self.chat_template = self.frontend.tokenizer, self.frontend.chat_template
         self.backend_name = default_backend() if backend == "auto" else backend
         self.options = BackendOptions(
             dtype=dtype,
@@ -150,16 +144,7 @@ class LLM:
 
     def default_sampling_params(self, **overrides) -> SamplingParams:
         """The checkpoint's generation_config.json defaults (temperature, top_p, top_k)."""
-        g = self.checkpoint.generation_config
-        kw = {}
-        if g.get("do_sample", True) is False:
-            kw["temperature"] = 0.0
-        else:
-            for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-                if isinstance(g.get(k), (int, float)) and not isinstance(g.get(k), bool):
-                    kw[k] = g[k]
-        kw.update(overrides)
-        return SamplingParams(**kw)
+        return self.frontend.default_sampling_params(**overrides)
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -111,6 +111,12 @@ def load_llm(args, **overrides):
     """The LLM the model options describe; `overrides` adds or replaces LLM keyword arguments."""
     from kipp_core.llm import LLM
 
+    return LLM(args.model, **llm_kwargs(args, **overrides))
+
+
+def llm_kwargs(args, **overrides) -> dict:
+    """LLM's keyword arguments for the model options (plain data: they cross to an engine
+    process as they are)."""
     kw = dict(
         backend=args.backend,
         dtype=args.dtype,
@@ -130,7 +136,7 @@ def load_llm(args, **overrides):
         rope_scaling=args.rope_scaling,
     )
     kw.update(overrides)
-    return LLM(args.model, **kw)
+    return kw
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -8,7 +8,14 @@ import os
 import signal
 from pathlib import Path
 
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    UsageError,
+    add_model_args,
+    llm_kwargs,
+    load_llm,
+    setup_logging,
+)
 
 log = logging.getLogger("kipp")
 
@@ -66,6 +73,12 @@ def build_parser() -> Parser:
     ):
         s.add_argument(flag, type=float, default=default, help=f"{what} (default {default:g})")
     s.add_argument("--no-access-log", action="store_true", help="no line per request")
+    s.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine on a thread of the server's process instead of a process of its "
+        "own (they then share one GIL: slower on a GPU)",
+    )
     add_model_args(p)
     return p
 
@@ -93,6 +106,27 @@ def _loader(args):
     return load
 
 
+def _engine_process(args):
+    """The front end for this process and the engine process (kipp_core.server.engine_process)
+    that loads the same LLM."""
+
+    def make():
+        from kipp_core.frontend import Frontend
+        from kipp_core.server.engine_process import EngineProcess
+
+        kw = llm_kwargs(args, max_waiting=args.max_waiting, kv_sizing="serving")
+        front = Frontend(
+            args.model,
+            max_model_len=kw["max_model_len"],
+            rope_scaling=kw["rope_scaling"],
+            max_waiting=kw["max_waiting"],
+            speculative=bool(kw["speculative"] or kw["speculative_model"]),
+        )
+        return front, EngineProcess(args.model, kw)
+
+    return make
+
+
 async def _serve(args) -> None:
     from kipp_core.server.context import ServerConfig
     from kipp_core.server.server import APIServer
@@ -110,7 +144,10 @@ async def _serve(args) -> None:
         access_log=not args.no_access_log,
         allowed_hosts=tuple(h.lower() for h in args.allowed_host),
     )
-    server = APIServer(config, loader=_loader(args))
+    if args.engine_in_process:
+        server = APIServer(config, loader=_loader(args))
+    else:
+        server = APIServer(config, engine_process=_engine_process(args))
     await server.start()
     log.info(
         "serving %s on http://%s:%d (loading the model)",

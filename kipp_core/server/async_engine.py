@@ -1,14 +1,9 @@
-"""The LLMEngine behind an asyncio server: one worker thread owns the engine and loops `step()`
-while there is work.
-
-Everything that crosses between the worker and the event loop is plain data (dataclasses of
-str, int, float and lists; picklable), so that moving the engine into a process of its own
-would change the transport only. Commands go to the worker through a queue and are applied
-between steps (an abort frees its KV blocks before the next step runs): AddRequests and
-AbortRequests. The worker answers with one EngineMessage per step: the step's delta outputs of
-every request, the acknowledgements of the commands it applied, and the engine's stats. On the
-loop, each request's deltas wait in its RequestStream, merged into one when its client falls
-behind (vLLM's output collector), so a stream holds at most what its client has not read.
+"""The LLMEngine behind an asyncio server. The engine runs in an EngineWorker
+(kipp_core.server.engine_worker) on a thread of this process (ThreadTransport) or in a process of
+its own (kipp_core.server.engine_process); either way only plain data crosses: commands to the
+worker, one EngineMessage a step back. On the loop, each request's deltas wait in its
+RequestStream, merged into one when its client falls behind (vLLM's output collector), so a
+stream holds at most what its client has not read.
 """
 
 from __future__ import annotations
@@ -19,52 +14,21 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from kipp_core.engine import LLMEngine
 from kipp_core.outputs import RequestMetrics, RequestOutput, merge_outputs
-from kipp_core.sampling import SamplingParams
 from kipp_core.scheduler import QueueFullError
+from kipp_core.server.engine_worker import (
+    STOP,
+    AbortRequests,
+    Ack,
+    AddRequests,
+    EngineMessage,
+    EngineRequest,
+    EngineWorker,
+)
 
 log = logging.getLogger("kipp")
-
-_STOP = object()
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None = None
-    score_only: bool = False
-
-
-@dataclass
-class AddRequests:
-    batch_id: int
-    requests: list[EngineRequest]
-    arrival_time: float
-
-
-@dataclass
-class AbortRequests:
-    request_ids: list[str]
-    error: str | None = None  # set: their streams end with this error (a shutdown)
-
-
-@dataclass
-class Ack:
-    batch_id: int
-    error: str | None = None  # None: added
-    kind: str = ""  # of the error: "invalid" (ValueError), "queue_full", "internal"
-
-
-@dataclass
-class EngineMessage:
-    outputs: list[RequestOutput] = field(default_factory=list)
-    acks: list[Ack] = field(default_factory=list)
-    stats: dict | None = None
 
 
 class EngineFailure(Exception):
@@ -130,30 +94,31 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """Drives `engine` from a worker thread on behalf of the event loop `loop`."""
+    """The event loop's side of the engine: submit, abort, and each step's EngineMessage handed
+    to the streams. `engine` is an LLMEngine (run by a worker thread in this process) or a
+    transport (kipp_core.server.engine_process.EngineProcess: the engine in a process of its
+    own); either carries the same plain-data commands and messages."""
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine,
         loop: asyncio.AbstractEventLoop,
         on_finished: Callable[[RequestOutput], None] | None = None,
     ):
-        self.engine = engine
+        self.transport = engine if hasattr(engine, "send") else ThreadTransport(engine)
         self._loop = loop
         self._on_finished = on_finished
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # the loop's side only, as are _acks
         self._acks: dict[int, asyncio.Future] = {}
         self._batch_ids = itertools.count()
-        self.stats: dict = engine.metrics()  # the worker's latest snapshot
-        self._thread = threading.Thread(target=self._run, name="kipp-engine", daemon=True)
+        self.stats: dict = self.transport.initial_stats()  # the worker's latest snapshot
+        self.dead: str | None = None  # why the engine is gone (its process exited)
 
     def start(self) -> None:
-        self._thread.start()
+        self.transport.start(self._post)
 
     def stop(self) -> None:
-        self._commands.put(_STOP)
-        self._thread.join(timeout=30)
+        self.transport.stop()
 
     @property
     def num_streams(self) -> int:
@@ -163,12 +128,14 @@ class AsyncEngine:
 
     async def submit(self, requests: list[EngineRequest], arrival_time: float) -> RequestStream:
         """Queue `requests` (all or none). Raises ValueError or QueueFullError."""
+        if self.dead is not None:
+            raise EngineFailure(self.dead)
         stream = RequestStream(self, [r.request_id for r in requests])
         for rid in stream.request_ids:
             self._streams[rid] = stream
         batch_id = next(self._batch_ids)
         done = self._acks[batch_id] = self._loop.create_future()
-        self._commands.put(AddRequests(batch_id, requests, arrival_time))
+        self.transport.send(AddRequests(batch_id, requests, arrival_time))
         try:
             ack = await done
         except BaseException:
@@ -183,7 +150,7 @@ class AsyncEngine:
         return stream
 
     def abort(self, request_ids: list[str], error: str | None = None) -> None:
-        self._commands.put(AbortRequests(list(request_ids), error))
+        self.transport.send(AbortRequests(list(request_ids), error))
 
     def abort_all(self, error: str) -> None:
         """End every stream with `error` (a shutdown's deadline has passed)."""
@@ -194,6 +161,14 @@ class AsyncEngine:
             self._streams.pop(rid, None)
 
     def _receive(self, msg: EngineMessage) -> None:
+        if msg.error is not None:  # the engine is gone: every request with it
+            self.dead = msg.error
+            for fut in self._acks.values():
+                if not fut.done():
+                    fut.set_result(Ack(-1, msg.error, "internal"))
+            for rid, stream in list(self._streams.items()):
+                stream.put(RequestOutput(rid, [], [], True, RequestMetrics(0.0), error=msg.error))
+            self._streams.clear()
         for ack in msg.acks:
             fut = self._acks.get(ack.batch_id)
             if fut is not None and not fut.done():  # (a cancelled handler aborts on its own)
@@ -215,75 +190,34 @@ class AsyncEngine:
         except RuntimeError:  # the loop is closed: shutting down
             pass
 
-    # -- the worker thread -----------------------------------------------------------------------
 
-    def _run(self) -> None:
-        engine = self.engine
-        while True:
-            cmd = self._commands.get() if not engine.has_unfinished_requests() else None
-            msg = EngineMessage()
-            while True:
-                if cmd is _STOP:
-                    return
-                if cmd is not None:
-                    self._apply(cmd, msg)
-                try:
-                    cmd = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-            if engine.has_unfinished_requests():
-                try:
-                    msg.outputs = engine.step()
-                except Exception as e:  # a fault the engine could not pin on a request
-                    msg.outputs = self._fail_all(e)
-            msg.stats = engine.metrics()
-            self._post(msg)
+class ThreadTransport:
+    """The engine in this process, stepped by a worker thread (tests, `LLM` users, and `kipp
+    serve --engine-in-process`)."""
 
-    def _apply(self, cmd, msg: EngineMessage) -> None:
-        if isinstance(cmd, AbortRequests):
-            for rid in cmd.request_ids:
-                req = self.engine.requests.get(rid)
-                if req is not None and cmd.error is not None:
-                    req.error = cmd.error
-                self.engine.abort_request(rid)
-            return
-        added = []
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def initial_stats(self) -> dict:
+        return self.engine.metrics()
+
+    def start(self, post: Callable[[EngineMessage], None]) -> None:
+        worker = EngineWorker(self.engine, self._recv, post)
+        self._thread = threading.Thread(target=worker.run, name="kipp-engine", daemon=True)
+        self._thread.start()
+
+    def send(self, cmd) -> None:
+        self._commands.put(cmd)
+
+    def _recv(self, block: bool):
         try:
-            for r in cmd.requests:
-                self.engine.add_request(
-                    r.request_id,
-                    r.prompt_token_ids,
-                    r.params,
-                    prompt=r.prompt,
-                    arrival_time=cmd.arrival_time,
-                    score_only=r.score_only,
-                    delta=True,
-                )
-                added.append(r.request_id)
-        except Exception as e:
-            for rid in added:
-                self.engine.abort_request(rid)
-            if isinstance(e, QueueFullError):
-                kind = "queue_full"
-            elif isinstance(e, ValueError):
-                kind = "invalid"
-            else:
-                kind = "internal"
-                log.error("adding a request failed", exc_info=e)
-            msg.acks.append(Ack(cmd.batch_id, str(e), kind))
-            return
-        msg.acks.append(Ack(cmd.batch_id))
+            return self._commands.get(block)
+        except queue.Empty:
+            return None
 
-    def _fail_all(self, exc: Exception) -> list[RequestOutput]:
-        log.error("engine step failed; aborting every request in flight", exc_info=exc)
-        error = (
-            f"the inference engine failed while running this request ({type(exc).__name__}); "
-            "it was aborted"
-        )
-        outs = []
-        for rid in list(self.engine.requests):
-            self.engine.requests[rid].error = error
-            self.engine.abort_request(rid)
-        for out in self.engine.step():  # reports the aborted requests
-            outs.append(out)
-        return outs
+    def stop(self) -> None:
+        self._commands.put(STOP)
+        if self._thread is not None:
+            self._thread.join(timeout=30)

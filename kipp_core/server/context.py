@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from kipp_core.frontend import Frontend
 from kipp_core.llm import LLM
 from kipp_core.scheduler import QueueFullError
 from kipp_core.server.async_engine import AsyncEngine, EngineRequest, RequestStream
@@ -37,20 +38,26 @@ class ServerConfig:
 
 @dataclass
 class ServingContext:
-    llm: LLM
+    """`front`: the model's tokenizer, template, defaults and limits (an LLM's `frontend`, or one
+    the API process made while the engine process loads); `llm`: the LLM itself when the engine
+    runs in this process."""
+
+    front: Frontend
     engine: AsyncEngine
     model_name: str
+    llm: LLM | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     constraints: object | None = None  # a ConstrainedBackend once a constraint is first used
     json_tokens: asyncio.Future | None = None  # its TokenTable
 
     def __post_init__(self):
-        self.tokenizer = self.llm.tokenizer
-        self.chat_template = self.llm.chat_template
-        self.max_model_len = self.llm.engine.max_model_len
-        self.vocab_size = self.llm.engine.model_config.vocab_size
-        self.defaults = self.llm.default_sampling_params()
-        self.max_waiting = self.llm.engine.config.scheduler.max_waiting
+        f = self.front
+        self.tokenizer = f.tokenizer
+        self.chat_template = f.chat_template
+        self.max_model_len = f.max_model_len
+        self.vocab_size = f.vocab_size
+        self.defaults = f.default_sampling_params()
+        self.max_waiting = f.max_waiting
         self.offload = Offload(getattr(self.tokenizer, "model_dir", None))
         # NFC (the tokenizer's normalizer) shrinks UTF-8 at most 3x (three jamo, 9 bytes, make
         # one Hangul syllable of 3), and no token holds more than this many bytes:
@@ -90,7 +97,7 @@ class ServingContext:
         call's opening up to its arguments)."""
         from kipp_core.server.tool_constraint import ToolCallConstraint
 
-        if opened and self.llm.engine.spec is not None:
+        if opened and self.front.speculative:
             return  # the forced opening alone, as before the masks: speculative decoding has none
         what = "tool_choice naming a function" if opened else "tool_choice 'required'"
         table = await self._constrained(what, "tool_choice")
@@ -104,9 +111,11 @@ class ServingContext:
         from kipp_core.server.constrained_backend import ConstrainedBackend
         from kipp_core.server.json_constraint import TokenTable
 
-        engine = self.llm.engine
-        if engine.spec is not None:
+        if self.front.speculative:
             raise bad_request(f"{what} is not available with speculative decoding", param)
+        if self.llm is None:
+            raise bad_request(f"{what} needs the engine in this process", param)
+        engine = self.llm.engine
         if self.json_tokens is None:  # built once, off the event loop: it takes a moment
             self.json_tokens = asyncio.get_running_loop().run_in_executor(
                 None, TokenTable, self.tokenizer, self.vocab_size
@@ -162,6 +171,8 @@ class ServerState:
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         if self.ctx is not None:
+            if self.ctx.engine.dead is not None:
+                raise APIError(503, self.ctx.engine.dead, code="engine_dead")
             return self.ctx
         if self.load_error is not None:
             raise APIError(503, f"the model failed to load: {self.load_error}")

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from aiohttp import web
 
+from kipp_core.frontend import Frontend
 from kipp_core.llm import LLM
 from kipp_core.server.app import create_app
 from kipp_core.server.async_engine import AsyncEngine
 from kipp_core.server.context import ServerConfig, ServerState, ServingContext
+from kipp_core.server.engine_process import EngineProcess
 from kipp_core.server.http_layer import use_kipp_handlers
 
 log = logging.getLogger("kipp")
@@ -26,8 +28,9 @@ def default_model_name(llm: LLM) -> str:
 
 
 class APIServer:
-    """The OpenAI-compatible server over one LLM: pass a loaded `llm`, or a `loader` that
-    returns one (run in a worker thread after the socket is bound)."""
+    """The OpenAI-compatible server over one LLM: pass a loaded `llm`, a `loader` that returns
+    one (run in a worker thread after the socket is bound), or `engine_process`, which returns
+    the front end and the EngineProcess that will hold the engine (`kipp serve`'s default)."""
 
     def __init__(
         self,
@@ -35,11 +38,12 @@ class APIServer:
         llm: LLM | None = None,
         loader: Callable[[], LLM] | None = None,
         model_name: str | None = None,
+        engine_process: Callable[[], tuple[Frontend, EngineProcess]] | None = None,
     ):
-        if (llm is None) == (loader is None):
-            raise ValueError("pass exactly one of llm and loader")
+        if sum(x is not None for x in (llm, loader, engine_process)) != 1:
+            raise ValueError("pass exactly one of llm, loader and engine_process")
         self.config = config
-        self._llm, self._loader = llm, loader
+        self._llm, self._loader, self._process = llm, loader, engine_process
         name = config.served_model_name or model_name
         if name is None:
             name = default_model_name(llm) if llm is not None else "model"
@@ -75,20 +79,37 @@ class APIServer:
             asyncio.ensure_future(self._load())
 
     async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            llm = await asyncio.get_running_loop().run_in_executor(None, self._loader)
+            if self._process is not None:
+                front, proc = await loop.run_in_executor(None, self._launch)
+            else:
+                llm = await loop.run_in_executor(None, self._loader)
         except Exception as e:
             self.state.load_error = (
                 f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
             )
             self.loaded.set_exception(e)
             return
-        self._attach(llm)
+        if self._process is not None:
+            log.info("engine process %d loaded the model", proc.pid)
+            self._serve(front, proc)
+        else:
+            self._attach(llm)
+
+    def _launch(self) -> tuple[Frontend, EngineProcess]:
+        """The front end here, the engine in its process (loaded when this returns)."""
+        front, proc = self._process()
+        proc.launch()
+        return front, proc
 
     def _attach(self, llm: LLM) -> None:
-        engine = AsyncEngine(llm.engine, asyncio.get_running_loop(), self.state.metrics.observe)
+        self._serve(llm.frontend, llm.engine, llm)
+
+    def _serve(self, front: Frontend, engine, llm: LLM | None = None) -> None:
+        engine = AsyncEngine(engine, asyncio.get_running_loop(), self.state.metrics.observe)
         engine.start()
-        self.state.ctx = ServingContext(llm, engine, self.state.model_name)
+        self.state.ctx = ServingContext(front, engine, self.state.model_name, llm)
         if not self.loaded.done():
             self.loaded.set_result(None)
 

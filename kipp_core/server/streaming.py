@@ -48,9 +48,16 @@ class EventStream:
 
     async def _write(self, data: bytes) -> None:
         # A write waits only when the transport's buffer is full: the client is not reading.
+        # asyncio.timeout (3.11) arms one timer; wait_for made a task a write, per token.
         timeout = self._request.app.get(WRITE_TIMEOUT) or None
         try:
-            await asyncio.wait_for(self.response.write(data), timeout)
+            if timeout is None:
+                await self.response.write(data)
+            elif hasattr(asyncio, "timeout"):
+                async with asyncio.timeout(timeout):
+                    await self.response.write(data)
+            else:
+                await asyncio.wait_for(self.response.write(data), timeout)
         except asyncio.TimeoutError:
             raise SlowClient from None
 
