@@ -54,7 +54,7 @@ def test_a_slow_reader_beside_32_fast_clients(server):
     try:
         time.sleep(1.0)
         beside = asyncio.run(_fast_batch(server.url))
-        # The slow request's steps cost the fast ones a fifth more at most on the oracle (4 of
+        # The slow request's steps cost the fast ones 20% more at most on the oracle (4 of
         # 36 sequences); 2x leaves room for a loaded machine.
         assert beside < 2 * alone + 1.0, (alone, beside)
         assert status_mb("VmRSS") - before < 100
