@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kipp_core.structured_outputs import StructuredOutputs
+
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 MAX_N = 128
 MAX_STOP_STRINGS = 16
@@ -136,6 +138,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None  # kipp_core/structured_outputs.py
 
     def __post_init__(self):
         for name, value in self._validated().items():
@@ -159,6 +162,9 @@ class SamplingParams:
             "logprobs": _optional_count("logprobs", self.logprobs),
             "prompt_logprobs": _optional_count("prompt_logprobs", self.prompt_logprobs),
         }
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputs):
+            raise _bad("structured_outputs", "a StructuredOutputs or None", so)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             v[name] = _as_bool(name, getattr(self, name))
         if v["temperature"] < 0:

@@ -9,7 +9,7 @@ import time
 from aiohttp import web
 
 from kipp_core.server.async_engine import EngineRequest, RequestStream
-from kipp_core.server.chat_request import ChatRequest, parse_request
+from kipp_core.server.chat_request import ChatRequest, check_structured, parse_request
 from kipp_core.server.context import STATE, ServingContext
 from kipp_core.server.logprobs import chat_logprobs
 from kipp_core.server.protocol import parse_json
@@ -182,16 +182,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     rid = ctx.new_id("chatcmpl")
     item = EngineRequest(rid, req.prompt_token_ids, req.params, req.prompt)
     response = _Response(req, ctx, rid)
-    try:
-        if req.json_object:
-            await ctx.constrain_json(rid, req.thinking, req.json_schema)
-        elif req.required_tools:
-            opened = req.tool_prefix != "<tool_call>\n"  # a named function: past its name
-            await ctx.constrain_tool_call(rid, req.required_tools, opened, req.tool_schemas)
-        stream = await ctx.submit([item], arrival, state.config.retry_after_s)
-    except BaseException:
-        ctx.release(rid)
-        raise
+    await check_structured(req)
+    stream = await ctx.submit([item], arrival, state.config.retry_after_s)
     try:
         if not req.stream:
             async for _ in stream:
@@ -201,4 +193,3 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return await stream_response(request, stream, response.first_chunks(), response.chunks)
     finally:
         stream.close()
-        ctx.release(rid)

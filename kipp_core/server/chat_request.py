@@ -6,17 +6,19 @@ parses no calls; a named function forces the call's opening, `<tool_call>\\n{"na
 `parameters` (kipp_core/json_schema.py) and the call's close, and parses the output with that
 prefix prepended (as vLLM's guided decoding of a named function always returns the call).
 `"required"` forces `<tool_call>\\n` the same way and holds the output to one whole call of an
-offered tool, with valid arguments (server/tool_constraint.py). `response_format` `json_object`
-and `json_schema` hold the answer to JSON (after the thinking, when on).
+offered tool, with valid arguments (kipp_core/tool_constraint.py). `response_format`
+`json_object` and `json_schema` hold the answer to JSON (after the thinking, when on). These are
+SamplingParams.structured_outputs, which the engine compiles and applies; `check_structured`
+compiles the schemas off the event loop first, so that a bad one is a 400 naming its field.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
 from kipp_core.chat import render
-from kipp_core.json_schema import ANY_OBJ, Obj, compile_schema
 from kipp_core.sampling import SamplingParams
 from kipp_core.server.context import ServingContext
 from kipp_core.server.errors import bad_request
@@ -29,6 +31,7 @@ from kipp_core.server.protocol import (
     sampling_fields,
     stream_flags,
 )
+from kipp_core.structured_outputs import StructuredOutputs, StructuredOutputsError
 
 FIELDS = (
     *COMMON_FIELDS,
@@ -72,10 +75,7 @@ class ChatRequest:
     parse_tools: bool
     tool_prefix: str  # forced opening of a named tool call, prepended before parsing
     logprobs: int | None  # top_logprobs when logprobs is on
-    json_object: bool  # response_format json_object or json_schema
-    required_tools: list[str] | None = None  # a forced tool_choice: the names a call may use
-    json_schema: object | None = None  # json_schema's compiled schema (kipp_core/json_schema.py)
-    tool_schemas: list | None = None  # each required tool's compiled parameters
+    tool_index: dict[str, int] | None = None  # a forced call's names -> their index in tools
 
 
 def _text(content, where: str) -> str | None:
@@ -176,8 +176,8 @@ def _enable_thinking(f: Fields) -> bool:
     return value
 
 
-def _json_format(f: Fields) -> tuple[bool, object | None]:
-    """(constrained to JSON, the compiled schema of a json_schema format or None)."""
+def _json_format(f: Fields) -> tuple[bool, dict | bool | None]:
+    """(constrained to JSON, the schema of a json_schema format or None)."""
     fmt = f.mapping("response_format")
     kind = None if fmt is None else fmt.get("type")
     if fmt is None or kind == "text":
@@ -191,12 +191,12 @@ def _json_format(f: Fields) -> tuple[bool, object | None]:
                 "response_format.json_schema must be an object with a name and a schema",
                 "response_format",
             )
-        try:
-            return True, compile_schema(spec.get("schema", {}))
-        except ValueError as e:
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (dict, bool)):
             raise bad_request(
-                f"response_format.json_schema.schema: {e}", "response_format"
-            ) from None
+                "response_format.json_schema.schema must be an object", "response_format"
+            )
+        return True, schema
     raise bad_request(
         f"response_format type {kind!r} is not supported (use 'text', 'json_object' or "
         "'json_schema')",
@@ -204,18 +204,41 @@ def _json_format(f: Fields) -> tuple[bool, object | None]:
     )
 
 
-def _tool_schemas(tools: list[dict], names: list[str]) -> list:
-    """Each named tool's parameters compiled, for the arguments of a forced call (an object: a
-    schema that is not one allows any object)."""
-    out = []
-    for name in names:
-        i, tool = next((i, t) for i, t in enumerate(tools) if t["function"]["name"] == name)
-        try:
-            node = compile_schema(tool["function"].get("parameters") or {})
-        except ValueError as e:
-            raise bad_request(f"tools[{i}].function.parameters: {e}", "tools") from None
-        out.append(node if isinstance(node, Obj) else ANY_OBJ)
-    return out
+async def check_structured(req: ChatRequest) -> None:
+    """Compile the request's schemas off the event loop (StructuredOutputs keeps the result for
+    the engine); a schema that does not compile, or is too large, is a 400 naming its field."""
+    so = req.params.structured_outputs
+    if so is None:
+        return
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, so.compiled)
+    except StructuredOutputsError as e:
+        if e.tool is None:
+            raise bad_request(
+                f"response_format.json_schema.schema: {e.reason}", "response_format"
+            ) from None
+        i = req.tool_index[so.tools[e.tool][0]]
+        raise bad_request(f"tools[{i}].function.parameters: {e.reason}", "tools") from None
+
+
+def _structured(
+    ctx: ServingContext, thinking: bool, json_object: bool, schema, tools, names, prefix: str
+) -> StructuredOutputs | None:
+    if ctx.llm.engine.spec is not None:
+        if json_object or (names and prefix == "<tool_call>\n"):
+            what = "response_format" if json_object else "tool_choice"
+            raise bad_request(f"{what} is not available with speculative decoding", what)
+        return None  # a named call: its forced opening alone (speculation has no masks)
+    if json_object:
+        start = ctx.tokenizer.token_to_id("</think>") if thinking else None
+        if schema is None:
+            return StructuredOutputs(json_object=True, start_after=start)
+        return StructuredOutputs(json_schema=schema, start_after=start)
+    if not names:
+        return None
+    params = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
+    opened = prefix != "<tool_call>\n"  # a named function: the prompt is past its name
+    return StructuredOutputs(tools=tuple((n, params[n]) for n in names), tool_call_opened=opened)
 
 
 def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
@@ -265,7 +288,11 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     check_context(len(ids), max_tokens, ctx.max_model_len, "messages", max_param)
     kw["max_tokens"] = max_tokens
     kw["logprobs"] = (top or 0) if logprobs else None
+    kw["structured_outputs"] = _structured(
+        ctx, thinking, json_object, json_schema, tools, names, prefix
+    )
     params = build_params(ctx.defaults, kw, {"max_tokens": max_param, "logprobs": "top_logprobs"})
+    index = {t["function"]["name"]: i for i, t in enumerate(tools)} if names else None
     return ChatRequest(
         prompt,
         ids,
@@ -276,10 +303,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         choice != "none",
         prefix,
         kw["logprobs"],
-        json_object,
-        names,
-        json_schema,
-        _tool_schemas(tools, names) if names else None,
+        index,
     )
 
 
