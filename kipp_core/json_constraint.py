@@ -36,10 +36,12 @@ from kipp_core.schema_prefix import SchemaPrefix
 from kipp_core.tokenizer import Tokenizer
 
 _CACHE_SIZE = 256  # masks of vocab_size bools: ~150 KB each for Qwen3
+_MAX_STEPS = 200_000  # automaton steps kept (~100 bytes each)
 _WS = " \t\n\r"
 _NOT_PLAIN = frozenset('"\\') | frozenset(map(chr, range(0x20)))
 _PLAIN_RUN = re.compile(r'[^"\\\x00-\x1f]+')
 _DIGITS = frozenset("0123456789")
+_OUTSIDE = frozenset('{}[],:" \t\n\r-+.eE0123456789truefalsn')  # all JSON has outside strings
 _NOT_PLAIN_RE = re.compile(r'["\\\x00-\x1f]')
 MAX_INDENT = 20  # json.gbnf's [ \t]{0,20} after a newline
 MAX_DIGITS = 16  # json.gbnf's [1-9] [0-9]{0,15}
@@ -123,6 +125,9 @@ class TokenTable:
             if self._plain_from[j] and t[_NOT_PLAIN_RE.search(t).start()] >= " "
         ]
         self._children: dict[tuple, dict] = {}  # (lo, hi, depth) -> {c: (a, b)}
+        # the automaton's steps by (state, character, run): a gap's whitespace keeps its state,
+        # and every mask from there meets the same few hundred first characters
+        self._steps: dict[tuple, tuple | None] = {}
         self._masks: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()  # the cache is shared by the engine and compile threads
         self._ids_by_text: dict[str, list[int]] | None = None
@@ -161,44 +166,43 @@ class TokenTable:
         if prefix.state == State.STRING:
             self._in_string(prefix, ws, 0, len(self._sorted), 0, ok)
         else:
-            self._walk(prefix, ws, 0, len(self._sorted), 0, ok, {})
+            if len(self._steps) > _MAX_STEPS:
+                self._steps = {}
+            self._walk(prefix, ws, 0, len(self._sorted), 0, ok)
         m = np.zeros(self.vocab_size, dtype=bool)
         m[self._ids[ok]] = True
         return m
 
-    def _walk(self, prefix, ws, lo: int, hi: int, depth: int, ok: np.ndarray, fed: dict) -> None:
+    def _walk(self, prefix, ws, lo: int, hi: int, depth: int, ok: np.ndarray) -> None:
         """Mark the tokens of texts[lo:hi] (which share their first `depth` characters, read into
-        (prefix, ws)) whose rest the automaton reads. `fed` keeps this walk's steps by (prefix,
-        character): a run of whitespace keeps its prefix, and every depth of it meets the same
-        few hundred next characters."""
+        (prefix, ws)) whose rest the automaton reads."""
         texts = self._sorted
         if len(texts[lo]) == depth:  # the token that ends here (texts are distinct)
             ok[lo] = True
             lo += 1
         fixed = prefix.fixed()
         if fixed is not None:
-            self._walk_fixed(prefix, lo, hi, depth, *fixed[1:], ok, fed)
+            self._walk_fixed(prefix, lo, hi, depth, *fixed[1:], ok)
             return
         branches = self._branches(lo, hi, depth)
-        few = prefix.next_chars()
-        if few is not None and len(few) < len(branches):
-            branches = {c: branches[c] for c in few if c in branches}
+        if not prefix.in_string:  # JSON's own characters only (or a literal's next ones)
+            few = prefix.next_chars() or _OUTSIDE
+            if len(few) < len(branches):
+                branches = {c: branches[c] for c in few if c in branches}
+        snap, steps = prefix._snap, self._steps
         for c, (a, b) in branches.items():
-            if c in _WS or c in _DIGITS:  # (these depend on ws, the others reset it)
-                nxt = step(prefix, ws, c)
-            else:
-                key = (prefix, c)
-                nxt = fed.get(key, fed)
-                if nxt is fed:
-                    nxt = fed[key] = step(prefix, ws, c)
+            key = (snap, c, ws if c in _WS or c in _DIGITS else 0)  # the others reset ws
+            nxt = steps.get(key, steps)
+            if nxt is steps:
+                nxt = steps[key] = step(prefix, ws, c)
             if nxt is None:
                 continue
             if nxt[0].state == State.STRING:
                 self._in_string(nxt[0], nxt[1], a, b, depth + 1, ok)
             else:
-                self._walk(nxt[0], nxt[1], a, b, depth + 1, ok, fed)
+                self._walk(nxt[0], nxt[1], a, b, depth + 1, ok)
 
-    def _walk_fixed(self, base, lo, hi, depth, clo, chi, typed, ok, fed) -> None:
+    def _walk_fixed(self, base, lo, hi, depth, clo, chi, typed, ok) -> None:
         """_walk inside a string of fixed texts (base.fixed()): the vocabulary's branches and the
         texts' next characters met in step, with no automaton state made until a text ends."""
         texts, cands = self._sorted, base.fixed()[0]
@@ -207,18 +211,25 @@ class TokenTable:
             lo += 1
         if lo >= hi:
             return
-        branches, n, j = self._branches(lo, hi, depth), len(typed), clo
+        # the vocabulary's branches as known, else found for the texts' characters alone
+        branches, head = self._children.get((lo, hi, depth)), texts[lo][:depth]
+        n, j = len(typed), clo
         while j < chi:
             c = cands[j][n]
             end = bisect_left(cands, typed + chr(ord(c) + 1), j, chi)
-            ab = branches.get(c)
+            if branches is not None:
+                ab = branches.get(c)
+            else:
+                a = bisect_left(texts, head + c, lo, hi)
+                b = bisect_left(texts, head + chr(ord(c) + 1), a, hi)
+                ab = (a, b) if a < b else None
             if ab is not None:
                 if cands[j] == typed + c:  # a text ends with c: the automaton goes on
                     nxt = base.with_fixed(clo, chi, typed).fed(c)
                     if nxt is not None:
-                        self._walk(nxt, 0, *ab, depth + 1, ok, fed)
+                        self._walk(nxt, 0, *ab, depth + 1, ok)
                 else:
-                    self._walk_fixed(base, *ab, depth + 1, j, end, typed + c, ok, fed)
+                    self._walk_fixed(base, *ab, depth + 1, j, end, typed + c, ok)
             j = end
 
     def _branches(self, lo: int, hi: int, depth: int) -> dict:

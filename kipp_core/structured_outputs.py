@@ -65,6 +65,9 @@ class StructuredOutputs:
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
             raise _bad("start_after must be a token id", s)
 
+    def __getstate__(self):  # the compiled schemas stay behind (made again where needed)
+        return {k: v for k, v in self.__dict__.items() if k != "_nodes"}
+
     def compiled(self):
         """The compiled schema (json_schema), each tool's compiled parameters (tools: an object
         node each; a schema that is not an object allows any object), or None (json_object).
