@@ -21,6 +21,7 @@ import pytest
 
 from kipp_core.tokenizer import Tokenizer
 from tests.conformance.conftest import _available
+from tests.core.test_json_constraint import gaps_follow_gbnf
 
 SCHEMA = {
     "type": "object",
@@ -89,6 +90,7 @@ def test_json_object(client, bias):
     c = ask(client, bias, response_format={"type": "json_object"})
     assert c.finish_reason == "stop"
     jsonschema.validate(json.loads(c.message.content), {"type": "object"})
+    assert gaps_follow_gbnf(c.message.content), c.message.content  # llama.cpp's whitespace
 
 
 def test_json_schema(client, bias):
@@ -96,6 +98,7 @@ def test_json_schema(client, bias):
     c = ask(client, bias, response_format=fmt)
     assert c.finish_reason == "stop"
     jsonschema.validate(json.loads(c.message.content), SCHEMA)
+    assert gaps_follow_gbnf(c.message.content), c.message.content
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "book"}}])
