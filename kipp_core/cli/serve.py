@@ -38,6 +38,12 @@ def build_parser() -> Parser:
     )
     s.add_argument("--max-body-mb", type=float, default=16.0, help="request body limit (413)")
     s.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        help="cap for chat requests without max_tokens (default: the rest of the context, as vLLM)",
+    )
+    s.add_argument(
         "--keep-alive-timeout",
         type=float,
         default=5.0,
@@ -65,6 +71,7 @@ async def _serve(args) -> None:
         served_model_name=args.served_model_name or args.model,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         keepalive_timeout=args.keep_alive_timeout,
+        default_max_tokens=args.default_max_tokens,
     )
     server = APIServer(config, loader=_loader(args))
     await server.start()

@@ -109,6 +109,10 @@ def _messages(raw) -> list[dict]:
         if m["role"] == "developer":  # OpenAI's newer name for the system role
             m["role"] = "system"
         m["content"] = _text(m.get("content"), f"messages[{i}]")
+        if m["content"] is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+            # as OpenAI: only an assistant message that calls tools may leave it out
+            where = f"messages[{i}].content"
+            raise bad_request(f"Missing required parameter: '{where}'", where)
         rc = m.get("reasoning_content")
         if rc is not None and not isinstance(rc, str):
             raise bad_request(f"messages[{i}].reasoning_content must be a string", "messages")
@@ -258,7 +262,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     thinking = _enable_thinking(f)
     json_object, json_schema = _json_format(f)
     max_param = "max_completion_tokens" if f.has("max_completion_tokens") else "max_tokens"
-    max_tokens = f.integer(max_param, None, lo=1)
+    max_tokens = f.integer(max_param, None, lo=1)  # None: the rest of the context (vLLM's)
     logprobs = f.boolean("logprobs", False)
     top = f.integer("top_logprobs", lo=0, hi=20)
     if top is not None and not logprobs:
@@ -286,6 +290,8 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     names = forced_names(choice, tools)
     ids = ctx.tokenizer.encode(prompt)
     check_context(len(ids), max_tokens, ctx.max_model_len, "messages", max_param)
+    if max_tokens is None and ctx.default_max_tokens is not None:  # --default-max-tokens
+        max_tokens = min(ctx.default_max_tokens, ctx.max_model_len - len(ids))
     kw["max_tokens"] = max_tokens
     kw["logprobs"] = (top or 0) if logprobs else None
     kw["structured_outputs"] = _structured(

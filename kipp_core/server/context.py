@@ -24,6 +24,8 @@ class ServerConfig:
     max_body_bytes: int = 16 << 20  # 413 above this
     keepalive_timeout: float = 5.0  # idle keep-alive connections are closed after this (uvicorn's)
     retry_after_s: int = 1  # the Retry-After of a 429
+    # a chat request without max_tokens: at most this many (None: the rest of the context)
+    default_max_tokens: int | None = None
 
 
 @dataclass
@@ -32,6 +34,7 @@ class ServingContext:
     engine: AsyncEngine
     model_name: str
     created: int = field(default_factory=lambda: int(time.time()))
+    default_max_tokens: int | None = None  # ServerConfig's
 
     def __post_init__(self):
         self.tokenizer = self.llm.tokenizer

@@ -86,7 +86,12 @@ class APIServer:
     def _attach(self, llm: LLM) -> None:
         engine = AsyncEngine(llm.engine, asyncio.get_running_loop(), self.state.metrics.observe)
         engine.start()
-        self.state.ctx = ServingContext(llm, engine, self.state.model_name)
+        cap = self.config.default_max_tokens
+        self.state.ctx = ServingContext(llm, engine, self.state.model_name, default_max_tokens=cap)
+        log.info(
+            "chat requests without max_tokens generate up to %s",
+            f"{cap} tokens" if cap else f"the rest of the {llm.engine.max_model_len}-token context",
+        )
         if not self.loaded.done():
             self.loaded.set_result(None)
 
