@@ -239,8 +239,12 @@ def run_command(session: ChatSession, line: str, out) -> bool:
             print(f"(saved {len(session.messages)} messages to {arg})", file=out)
         except OSError as e:
             print(f"error: cannot write {arg}: {e.strerror}", file=out)
-    else:
+    elif cmd in ("/think", "/save"):
+        print(f"usage: {cmd} {'on|off' if cmd == '/think' else 'FILE'}", file=out)
+    elif cmd == "/help":
         print(HELP, file=out)
+    else:
+        print(f"unknown command {cmd} (/help lists them)", file=out)
     return True
 
 
@@ -298,11 +302,10 @@ def main(argv: list[str]) -> int:
         except KeyboardInterrupt:
             print(file=sys.stderr)
             continue
-        except EOFError:
-            line = ""
-        if not line:  # Ctrl-D, or the end of piped input
-            if interactive:
-                print(file=sys.stderr)
+        except EOFError:  # Ctrl-D
+            print(file=sys.stderr)
+            return 0
+        if not interactive and not line:  # the end of piped input (an empty line is "\n")
             return 0
         line = line.rstrip("\n")
         if not line.strip():
