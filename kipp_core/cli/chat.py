@@ -20,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kipp_core.chat import render
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    add_model_args,
+    check_model_args,
+    load_llm,
+    positive_int,
+    setup_logging,
+)
 from kipp_core.outputs import RequestMetrics
 from kipp_core.registry import ENDOFTEXT_ID, IM_END_ID
 from kipp_core.server.reasoning import ReasoningStream, split_reasoning
@@ -200,7 +207,7 @@ def build_parser() -> Parser:
     p.add_argument(
         "--max-tokens",
         "-n",
-        type=int,
+        type=positive_int,
         default=None,
         help="tokens per reply (default: up to the context)",
     )
@@ -275,9 +282,8 @@ def _stats(turn: Turn) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError(f"kipp chat: error: --max-tokens must be >= 1, got {args.max_tokens}")
     setup_logging(args.verbose)
+    check_model_args(args, "kipp chat")
     llm = load_llm(args)
     sampling = {
         k: getattr(args, k)

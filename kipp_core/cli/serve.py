@@ -6,7 +6,17 @@ import asyncio
 import logging
 import signal
 
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    add_model_args,
+    check_model_args,
+    load_llm,
+    port,
+    positive_float,
+    positive_int,
+    setup_logging,
+)
+from kipp_core.resolve import check_model_name
 
 log = logging.getLogger("kipp")
 
@@ -27,25 +37,27 @@ def build_parser() -> Parser:
     )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    s.add_argument("--port", type=port, default=8000, help="port (0 picks a free one)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     s.add_argument("--served-model-name", default=None, help="the model id clients use")
     s.add_argument(
         "--max-waiting",
-        type=int,
+        type=positive_int,
         default=256,
         help="waiting-queue size; beyond it requests get 429",
     )
-    s.add_argument("--max-body-mb", type=float, default=16.0, help="request body limit (413)")
+    s.add_argument(
+        "--max-body-mb", type=positive_float, default=16.0, help="request body limit (413)"
+    )
     s.add_argument(
         "--default-max-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="cap for chat requests without max_tokens (default: the rest of the context, as vLLM)",
     )
     s.add_argument(
         "--keep-alive-timeout",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="seconds before an idle connection is closed",
     )
@@ -102,12 +114,9 @@ async def _serve(args) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"kipp serve: error: --port must be in [0, 65535], got {args.port}")
-    for name in ("max_waiting", "max_body_mb", "keep_alive_timeout"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"kipp serve: error: --{name.replace('_', '-')} must be positive")
     setup_logging(args.verbose)
+    check_model_args(args, "kipp serve")
+    check_model_name(args.model)  # a name that names nothing fails before the socket is bound
     try:
         asyncio.run(_serve(args))
     except (OSError, RuntimeError) as e:  # load failures that are not ValueErrors: one line

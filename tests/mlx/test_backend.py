@@ -9,9 +9,10 @@ import pytest
 
 from kipp_core.backend import BackendOptions, ModelInput, SeqInput
 from kipp_core.checkpoint import Checkpoint
+from kipp_core.kv_memory import parse_kv_memory
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplerState, SamplingParams
-from kipp_mlx.kv_budget import DEFAULT_CAP, num_kv_blocks, parse_bytes
+from kipp_mlx.kv_budget import DEFAULT_CAP, num_kv_blocks
 from oracle.backend import OracleBackend
 from tests.conftest import f32_paths_atol, logprob_atol, small_config
 from tests.mlx.conftest import make_backend, random_ids
@@ -165,8 +166,9 @@ def test_bad_options_raise(tiny_path, kw, match):
 
 
 def test_kv_budget():
-    assert parse_bytes("4GiB") == 4 << 30 and parse_bytes("512 MiB") == 512 << 20
-    assert parse_bytes("1.5GB") == 1_500_000_000 and parse_bytes("123") == 123
+    assert parse_kv_memory("4GiB") == ("bytes", 4 << 30)
+    assert parse_kv_memory("512 MiB") == ("bytes", 512 << 20)
+    assert parse_kv_memory("1.5GB") == ("bytes", 1.5e9) and parse_kv_memory("123B")[1] == 123
     cfg = small_config()  # 2 layers x 2 kv heads x 32: 512 bytes a token in float32 K and V
     per_block = 32 * 2 * 2 * 2 * 32 * 4
     opts = BackendOptions(block_size=32)
