@@ -96,7 +96,7 @@ def _text(content, where: str) -> str | None:
     return "\n".join(texts)  # as vLLM joins text parts
 
 
-def _messages(raw) -> list[dict]:
+def parse_messages(raw) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages must be a non-empty array", "messages")
     out = []
@@ -120,7 +120,7 @@ def _messages(raw) -> list[dict]:
     return out
 
 
-def _tools(raw) -> list[dict]:
+def parse_tools(raw) -> list[dict]:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -164,7 +164,7 @@ def _tool_choice(raw, tools: list[dict]) -> str | dict:
     return {"name": fn["name"]}
 
 
-def _enable_thinking(f: Fields) -> bool:
+def parse_thinking(f: Fields) -> bool:
     kw = f.mapping("chat_template_kwargs", {})
     for key in kw:
         if key != "enable_thinking":
@@ -256,10 +256,10 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     stream, include_usage = stream_flags(f)
     f.string("user")
     f.boolean("parallel_tool_calls")  # Qwen3 may call several tools at once either way
-    messages = _messages(f.raw("messages"))
-    tools = _tools(f.raw("tools"))
+    messages = parse_messages(f.raw("messages"))
+    tools = parse_tools(f.raw("tools"))
     choice = _tool_choice(f.raw("tool_choice"), tools)
-    thinking = _enable_thinking(f)
+    thinking = parse_thinking(f)
     json_object, json_schema = _json_format(f)
     max_param = "max_completion_tokens" if f.has("max_completion_tokens") else "max_tokens"
     max_tokens = f.integer(max_param, None, lo=1)  # None: the rest of the context (vLLM's)
