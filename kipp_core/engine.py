@@ -12,9 +12,8 @@ the result arrives. A sequence whose next step depends on the pending token's va
 a structured-outputs mask) or that is sure to finish waits instead. Outputs equal the synchronous
 loop's, token for token.
 
-Structured outputs (kipp_core/structured_output_manager.py): a constrained request joins the
-scheduler once its constraint is made, off this thread; each of its steps then carries the mask
-of the tokens it allows (SamplerState.allowed), which every backend's sampler applies.
+Structured outputs (structured_output_manager.py): a constrained request joins the scheduler once
+its constraint is made, off this thread; its steps carry their masks (SamplerState.allowed).
 
 Single-threaded: the server drives it from one worker thread (kipp_core.server.async_engine).
 """

@@ -190,3 +190,23 @@ def test_random_walks_under_a_schema_validate(table):
             pool = np.flatnonzero(m & (closing if rng.random() < 0.7 else short))
             out.append(int(rng.choice(list(pool if pool.size else np.flatnonzero(m)))))
     assert done >= 6
+
+
+BIG_ENUM = {
+    "type": "object",
+    "properties": {
+        "pick": {"enum": [f"{w}{i}" for i, w in enumerate(["the", "a b", "é", 'x"y'] * 500)]}
+    },
+    "required": ["pick"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("text", ['{"pick": ', '{"pick":"', '{"pick": "th', '{"pick": "a b1'])
+def test_a_large_enums_masks_equal_token_by_token(table, text):
+    """The fixed-text walk (members met branch by branch with the vocabulary, no automaton
+    state until a member ends) against the automaton read token by token, 2,000 members."""
+    node = compile_schema(BIG_ENUM)
+    prefix, ws = _state(lambda: SchemaPrefix(node), text)
+    want = _brute(table, lambda: SchemaPrefix(node), text)
+    np.testing.assert_array_equal(table.mask(prefix, ws), want)
