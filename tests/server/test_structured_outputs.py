@@ -22,17 +22,9 @@ import pytest
 from kipp_core.tokenizer import Tokenizer
 from tests.conformance.conftest import _available
 from tests.core.test_json_constraint import gaps_follow_gbnf
+from tests.server.test_chat_paths import STRICT_TOOL
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string"},
-        "nights": {"type": "integer"},
-        "view": {"enum": ["sea", "park"]},
-    },
-    "required": ["city", "nights", "view"],
-    "additionalProperties": False,
-}
+SCHEMA = STRICT_TOOL["function"]["parameters"]  # every key required, an integer, an enum
 TOOLS = [
     {"type": "function", "function": {"name": "book", "parameters": SCHEMA}},
     {"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}},
