@@ -116,7 +116,8 @@ class SamplingParams:
 
     `stop` is normalized to a list of strings and `stop_token_ids` to a list of ints (`[]` for
     None); `logit_bias` keys to ints. `top_k` 0 or -1 means off. `max_tokens=None` means up to the
-    context limit. Invalid values raise `ValueError` naming the field and the value.
+    context limit. `structured_outputs` holds the output to JSON, a JSON schema or a tool call
+    (kipp_core/structured_outputs.py). Invalid values raise `ValueError` naming the field.
     """
 
     n: int = 1
