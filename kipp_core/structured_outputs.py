@@ -12,9 +12,15 @@ the output starts at them. With `start_after` the output is free up to and inclu
 
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import dataclass, field
 
 from kipp_core.json_schema import ANY_OBJ, Obj, compile_schema
+
+_COMPILED: dict[str, tuple] = {}  # canonical schemas' JSON -> (compiled,), oldest first
+_MAX_COMPILED = 64
+_LOCK = threading.Lock()
 
 
 class StructuredOutputsError(ValueError):
@@ -71,9 +77,23 @@ class StructuredOutputs:
     def compiled(self):
         """The compiled schema (json_schema), each tool's compiled parameters (tools: an object
         node each; a schema that is not an object allows any object), or None (json_object).
-        StructuredOutputsError says which schema fails and why."""
+        StructuredOutputsError says which schema fails and why. Requests with the same schemas
+        share one compiled result (and so the masks cached for it)."""
         if self._nodes is None:
-            object.__setattr__(self, "_nodes", (self._compile(),))
+            try:
+                key = json.dumps([self.json_schema, self.tools], sort_keys=True)
+            except (TypeError, ValueError):  # not JSON (keys of mixed types): not shared
+                key = None
+            with _LOCK:
+                nodes = _COMPILED.get(key) if key is not None else None
+            if nodes is None:
+                nodes = (self._compile(),)
+                with _LOCK:
+                    if key is not None:
+                        _COMPILED[key] = nodes
+                    while len(_COMPILED) > _MAX_COMPILED:
+                        _COMPILED.pop(next(iter(_COMPILED)))
+            object.__setattr__(self, "_nodes", nodes)
         return self._nodes[0]
 
     def _compile(self):

@@ -114,7 +114,7 @@ def test_kv_budget_too_small_names_sizes(tiny_path):
         r"of 4096 tokens",
     ):
         LLM(str(tiny_path), backend="cuda", num_kv_blocks=1)
-    with pytest.raises(ValueError, match="kv_cache_memory must be like"):
+    with pytest.raises(ValueError, match="kv_cache_memory must be a size like"):
         LLM(str(tiny_path), backend="cuda", kv_cache_memory="lots")
 
 

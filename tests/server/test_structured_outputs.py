@@ -144,17 +144,21 @@ def test_a_large_enum_leaves_a_request_beside_it_within_3x(oracle_server):
         )
         return time.perf_counter() - t0
 
-    alone = statistics.median(victim() for _ in range(3))
-    beside = []
-    for seed in range(3):
+    def beside(seed: int) -> float:
         big = threading.Thread(
             target=ask, args=(client, {}), kwargs={"response_format": fmt, "seed": seed}
         )
         big.start()
         time.sleep(0.005)  # the enum first
-        beside.append(victim())
+        t = victim()
         big.join()
-    assert statistics.median(beside) <= 3 * alone, (alone, beside)
+        return t
+
+    victim()
+    # alone and beside in turns, so that a shared host's load drifts over both alike
+    times = [(victim(), beside(seed)) for seed in range(5)]
+    alone = statistics.median(a for a, _ in times)
+    assert statistics.median(b for _, b in times) <= 3 * alone, times
 
 
 def test_a_schema_over_the_budget_is_a_400(oracle_server):
