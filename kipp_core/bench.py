@@ -46,7 +46,7 @@ def random_prompts(n: int, length: int, rng: np.random.Generator) -> list[list[i
     return rng.integers(0, MAX_ORDINARY_ID, size=(n, length)).tolist()
 
 
-def _greedy(max_tokens: int) -> SamplingParams:
+def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
@@ -54,7 +54,7 @@ def measure_prefill(llm, prompt_len: int, batch_size: int, rng) -> dict:
     """B prompts of P tokens, one output token each: prefill tok/s and the mean TTFT."""
     prompts = random_prompts(batch_size, prompt_len, rng)
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, _greedy(1), use_tqdm=False)
+    outs = llm.generate(prompts, greedy(1), use_tqdm=False)
     seconds = time.perf_counter() - t0
     return {
         "prefill_tok_s": batch_size * prompt_len / seconds,
@@ -79,7 +79,7 @@ def measure_decode(llm, batch_size: int, prompt_len: int, gen_len: int, rng) -> 
     engine = llm.engine
     ids = [uuid.uuid4().hex for _ in range(batch_size)]
     for rid, p in zip(ids, random_prompts(batch_size, prompt_len, rng)):
-        engine.add_request(rid, p, _greedy(gen_len))
+        engine.add_request(rid, p, greedy(gen_len))
     counts = dict.fromkeys(ids, 0)
     t1 = None
     made_at_t1 = steps = 0
@@ -113,13 +113,13 @@ def measure_throughput(
         items = random_workload(warmup, lens, lens, seed, warmup=True)
         llm.generate(
             [w.prompt_token_ids for w in items],
-            [_greedy(w.max_tokens) for w in items],
+            [greedy(w.max_tokens) for w in items],
             use_tqdm=False,
         )
     items = random_workload(num_requests, lens, lens, seed)
     t0 = time.perf_counter()
     outs = llm.generate(
-        [w.prompt_token_ids for w in items], [_greedy(w.max_tokens) for w in items], use_tqdm=False
+        [w.prompt_token_ids for w in items], [greedy(w.max_tokens) for w in items], use_tqdm=False
     )
     seconds = time.perf_counter() - t0
     out_tokens = sum(len(o.token_ids) for o in outs)
@@ -143,13 +143,13 @@ def measure_prefix_cache(llm, prompt_len: int, rng, repeats: int = 10) -> dict:
     # over a long cached context), so neither measured number contains compilation.
     other = random_prompts(1, prompt_len, rng)[0]
     for last in (other[-1], other[-1] + 1, other[-1]):
-        llm.generate([other[:-1] + [last]], _greedy(1), use_tqdm=False)
+        llm.generate([other[:-1] + [last]], greedy(1), use_tqdm=False)
     prompt = random_prompts(1, prompt_len, rng)[0]
-    cold = llm.generate([prompt], _greedy(1), use_tqdm=False)[0].metrics
-    warm = [llm.generate([prompt], _greedy(1), use_tqdm=False)[0].metrics for _ in range(repeats)]
+    cold = llm.generate([prompt], greedy(1), use_tqdm=False)[0].metrics
+    warm = [llm.generate([prompt], greedy(1), use_tqdm=False)[0].metrics for _ in range(repeats)]
     vocab = llm.engine.model_config.vocab_size
     edited = [prompt[:-1] + [(prompt[-1] + 1 + i) % vocab] for i in range(repeats)]
-    prefix = [llm.generate([p], _greedy(1), use_tqdm=False)[0].metrics for p in edited]
+    prefix = [llm.generate([p], greedy(1), use_tqdm=False)[0].metrics for p in edited]
     warm_s = float(np.median([m.ttft for m in warm]))
     prefix_s = float(np.median([m.ttft for m in prefix]))
     return {
@@ -170,7 +170,7 @@ def cold_ttft(llm, prompt_token_ids: list[int]) -> float:
     bm = llm.engine.block_manager
     was, bm.enable_prefix_caching = bm.enable_prefix_caching, False
     try:
-        return llm.generate([prompt_token_ids], _greedy(1), use_tqdm=False)[0].metrics.ttft
+        return llm.generate([prompt_token_ids], greedy(1), use_tqdm=False)[0].metrics.ttft
     finally:
         bm.enable_prefix_caching = was
 
@@ -351,10 +351,12 @@ def _f(x, scale=1.0, digits=1) -> str:
 def to_markdown(result: dict) -> str:
     """The result as a markdown section: command, hardware, date, then one table per part."""
     hw, run = result["hardware"], result["run"]
+    fb = result.get("fallbacks") or []
     lines = [
         f"### {run['model']} on {run['backend']} ({run['dtype'] or 'default dtype'}, "
-        f"{run['quant'] or 'no quant'})",
+        f"{run['quant'] or 'no quant'}){' - FALLBACK RUN' if fb else ''}",
         "",
+        *([f"- fallback run: kernels ran their reference paths ({'; '.join(fb)})"] if fb else []),
         f"- command: `{run['command']}`",
         f"- hardware: {hw['gpu'] or 'no GPU'}; {hw['cpu']} ({hw['cpu_count']} cores); "
         f"{hw['platform']}",
@@ -417,11 +419,15 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_no_fallbacks() -> None:
-    """ValueError listing every kernel that fell back to its reference path in this process."""
+def check_no_fallbacks(allow: bool = False) -> list[str]:
+    """The kernels that fell back to their reference paths in this process; unless `allow`
+    (--allow-fallback: the run is recorded, labelled as one), a ValueError listing them."""
     from kipp_core.fastpath import fallbacks
 
-    fb = fallbacks()
-    if fb:
-        listed = "; ".join(f"{b}/{k}: {why}" for (b, k), why in sorted(fb.items()))
-        raise ValueError(f"refusing to record: kernels fell back to reference paths ({listed})")
+    fb = [f"{b}/{k}: {why}" for (b, k), why in sorted(fallbacks().items())]
+    if fb and not allow:
+        raise ValueError(
+            f"refusing to record: kernels fell back to reference paths ({'; '.join(fb)}); "
+            "--allow-fallback records the run, labelled as a fallback run"
+        )
+    return fb

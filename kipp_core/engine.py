@@ -8,8 +8,12 @@ With a backend that offers `execute_async` (async scheduling, as vLLM's), a step
 on the device before it waits for step N: N+1's decodes take N's samples as PENDING tokens, which
 the backend reads on the device, so the host's scheduling and detokenizing overlap the GPU. Each
 sequence is advanced at launch (computed tokens, one pending sample); its sample is appended when
-the result arrives. A sequence whose next step depends on the pending token's value (penalties)
-or that is sure to finish waits instead. Outputs equal the synchronous loop's, token for token.
+the result arrives. A sequence whose next step depends on the pending token's value (penalties,
+a structured-outputs mask) or that is sure to finish waits instead. Outputs equal the synchronous
+loop's, token for token.
+
+Structured outputs (structured_output_manager.py): a constrained request joins the scheduler once
+its constraint is made, off this thread; its steps carry their masks (SamplerState.allowed).
 
 Single-threaded: the server drives it from one worker thread (kipp_core.server.async_engine).
 """
@@ -31,6 +35,7 @@ from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from kipp_core.sequence import SeqStatus, Sequence
 from kipp_core.stats import EngineCounters
 from kipp_core.stop import StopMatcher
+from kipp_core.structured_output_manager import StructuredOutputManager
 from kipp_core.tokenizer import Tokenizer
 
 log = logging.getLogger("kipp")
@@ -83,6 +88,7 @@ class LLMEngine:
 
             self.spec = SpecDecoder(self.config.speculative, self)
         self.stats = EngineCounters()
+        self.structured = StructuredOutputManager(tokenizer, self.model_config.vocab_size)
         self._async = (
             self.config.async_scheduling and self.spec is None and hasattr(backend, "execute_async")
         )
@@ -134,6 +140,13 @@ class LLMEngine:
                     stop_ids=self.stop_ids(params),
                 )
             )
+        req = Request(
+            request_id, list(ids), params, states, metrics, prompt, score_only, final_only, delta
+        )
+        if params.structured_outputs is not None:  # it joins the scheduler once its mask is made
+            self.structured.add(req, self.spec is not None, self.scheduler)
+            self.requests[request_id] = req
+            return
         added = []
         try:
             for st in states:
@@ -143,9 +156,7 @@ class LLMEngine:
             for s in added:
                 self.scheduler.finish(s, "abort")
             raise
-        self.requests[request_id] = Request(
-            request_id, list(ids), params, states, metrics, prompt, score_only, final_only, delta
-        )
+        self.requests[request_id] = req
 
     def validate_prompt(self, prompt_token_ids, params: SamplingParams) -> list[int]:
         return validate_prompt(
@@ -161,6 +172,7 @@ class LLMEngine:
             if not st.seq.is_finished:
                 self._finish(st, "abort")
         self.quarantine.release(request_id)
+        self.structured.release(request_id)
         return True
 
     def abort_all(self) -> list[str]:
@@ -180,6 +192,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One step; a step that raises fails only the requests it can blame (quarantine.py)."""
+        if self.structured.num_compiling:
+            idle = self._inflight is None and not self.scheduler.has_unfinished()
+            for rid in self.structured.admit(self.scheduler, wait=0.005 if idle else 0.0):
+                self.abort_request(rid)  # (its constraint failed to build: logged)
         solo = self.quarantine.next_solo()
         self._blame = set()
         try:
@@ -250,6 +266,8 @@ class LLMEngine:
         p = seq.params
         if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             return True  # the next sample depends on the pending token's value
+        if p.structured_outputs is not None:
+            return True  # so does the next mask
         made = len(seq.output_token_ids) + seq.num_pending
         return (
             p.max_tokens is not None and made >= p.max_tokens
@@ -291,6 +309,8 @@ class LLMEngine:
                 req.states[seq.stream].stop_ids,
                 seq.num_pending,
             )
+            if p.structured_outputs is not None:
+                inp.sampler.allowed = self.structured.mask(seq, inp.sampler.stop_token_ids)
             inp.num_logprobs = p.logprobs
             if start + n_real == seq.num_prompt_tokens and not seq.output_token_ids and n_real:
                 inp.save_hidden = self.block_manager.reserve_end(seq, seq.num_prompt_tokens)
@@ -382,6 +402,7 @@ class LLMEngine:
                 st.delta_text, st.delta_ids, st.delta_logprobs = "", [], []
             if done:
                 del self.requests[rid]
+                self.structured.release(rid)
                 self.stats.record_finished(req)
         return results
 

@@ -191,8 +191,31 @@ class JsonPrefix:
     def can_feed(self, text: str) -> bool:
         return _advance(self._snap, text) is not None
 
+    def fed(self, text: str) -> JsonPrefix | None:
+        """A new prefix with `text` read, or None if it cannot be (this one is unchanged)."""
+        nxt = _advance(self._snap, text)
+        return None if nxt is None else JsonPrefix(nxt)
+
     def copy(self) -> JsonPrefix:
         return JsonPrefix(self._snap)  # the snapshot is immutable, so sharing it is safe
+
+    @property
+    def at_gap(self) -> bool:
+        """Between JSON tokens: whitespace changes nothing here."""
+        return self._snap[0] in _WS_OK
+
+    def next_chars(self) -> None:
+        """(SchemaPrefix's interface: the characters that may come next are not listed here.)"""
+        return None
+
+    def fixed(self) -> None:
+        """(SchemaPrefix's interface: no fixed texts here.)"""
+        return None
+
+    @property
+    def in_string(self) -> bool:
+        """Inside a string: whitespace here is its text, not JSON's."""
+        return self._snap[0] in (S.STRING, S.ESCAPE, S.HEX)
 
     @property
     def state(self) -> State:

@@ -9,52 +9,95 @@ arguments of forced tool calls).
 (any object, any string, ...). Keywords outside the subset (patterns, lengths, numeric bounds,
 formats) are not enforced. Nodes are frozen dataclasses, equal when their schemas are, so token
 masks cache across requests by them; schema_prefix.py reads text against them.
+
+Compiling is bounded: every node costs 1 and every fixed text (an enum or const value, a property
+name) 1 plus its length, and a schema over MAX_SCHEMA_SIZE is refused, so what a request can make
+the mask computation walk (json_constraint.py) stays bounded too.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import json.encoder
 import re
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+def _node(cls):
+    """A frozen dataclass whose hash is computed once (a mask cache key holds whole schemas);
+    the cached value is not pickled (string hashes differ between processes)."""
+    cls = dataclass(frozen=True)(cls)
+    plain = cls.__hash__
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = plain(self)
+        return h
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    cls.__hash__, cls.__getstate__ = __hash__, __getstate__
+    return cls
+
+
+class Texts(tuple):
+    """A tuple of texts whose hash is computed once (held in mask cache keys)."""
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+    def __reduce__(self):
+        return Texts, (tuple(self),)
+
+
+@_node
 class Any_:
     """Any JSON value."""
 
 
-@dataclass(frozen=True)
+@_node
 class Obj:
     props: tuple  # ((name as its JSON text, node), ...)
     required: frozenset  # names as JSON texts
     additional: object | None  # the node of keys outside props, or None: no others allowed
 
 
-@dataclass(frozen=True)
+@_node
 class Arr:
     items: object
     min_items: int = 0
     max_items: int | None = None
 
 
-@dataclass(frozen=True)
+@_node
 class Str:
     """A free string."""
 
 
-@dataclass(frozen=True)
+@_node
 class Num:
     integer: bool
 
 
-@dataclass(frozen=True)
+@_node
 class Lit:
     """One of these exact JSON texts (booleans, null, enum and const values)."""
 
     texts: tuple
 
+    @functools.cached_property
+    def sorted_texts(self) -> tuple:
+        """The texts in order: those sharing a prefix are one range (schema_prefix bisects)."""
+        return Texts(sorted(self.texts))
 
-@dataclass(frozen=True)
+
+@_node
 class Union:
     by_first: tuple  # ((kind, node), ...), kind one of "{", "[", '"', "0", "t", "n"
 
@@ -66,7 +109,11 @@ ANY_ARR = Arr(ANY)
 
 def _text(value) -> str:
     # a value's JSON text as the byte view the tokens are read in
-    return json.dumps(value, ensure_ascii=False).encode().decode("latin-1")
+    text = _quote(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text.encode().decode("latin-1")
+
+
+_quote = json.encoder.encode_basestring  # json.dumps of a str, without its dispatch
 
 
 def _kind(node) -> list[str]:
@@ -121,16 +168,34 @@ def _union(nodes: list):
     return Union(tuple(sorted(by.items())))
 
 
-MAX_NODES = 10_000  # a schema whose $refs expand past this many nodes is refused
+# Nodes plus the characters of fixed texts (2^17): a 9,000-member enum of 9-letter names
+# (108,000) fits; compiling it took ~50 ms and its costliest mask ~15 ms on a shared 2-core host.
+MAX_SCHEMA_SIZE = 131_072
+
+
+def _spend(budget: list, cost: int) -> None:
+    budget[0] -= cost
+    if budget[0] < 0:
+        raise ValueError(
+            f"schema is too large: it expands to more than {MAX_SCHEMA_SIZE} nodes and "
+            "characters of enum, const and property names"
+        )
+
+
+def _texts(values, budget: list) -> tuple:
+    out = []
+    for v in values:
+        t = _text(v)
+        _spend(budget, 1 + len(t))
+        out.append(t)
+    return tuple(dict.fromkeys(out))
 
 
 def compile_schema(schema, root=None, depth: int = 0, budget: list | None = None):
     """The node of a JSON schema (a dict, or True/False). ValueError names what is wrong."""
     root = schema if root is None else root
-    budget = [MAX_NODES] if budget is None else budget
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise ValueError(f"schema expands to more than {MAX_NODES} nodes")
+    budget = [MAX_SCHEMA_SIZE] if budget is None else budget
+    _spend(budget, 1)
     if depth > 64:
         raise ValueError("schema nests (or refers to itself) more than 64 levels deep")
     if schema is True or schema == {}:
@@ -140,12 +205,12 @@ def compile_schema(schema, root=None, depth: int = 0, budget: list | None = None
     if "$ref" in schema:
         return compile_schema(_resolve(schema["$ref"], root), root, depth + 1, budget)
     if "const" in schema:
-        return Lit((_text(schema["const"]),))
+        return Lit(_texts([schema["const"]], budget))
     if "enum" in schema:
         values = schema["enum"]
         if not isinstance(values, list) or not values:
             raise ValueError("enum must be a non-empty list")
-        return Lit(tuple(dict.fromkeys(_text(v) for v in values)))
+        return Lit(_texts(values, budget))
     if "allOf" in schema:  # pydantic's [{"$ref": ...}] around a field with a description
         parts = schema["allOf"]
         if not isinstance(parts, list) or len(parts) != 1:
@@ -183,8 +248,10 @@ def compile_schema(schema, root=None, depth: int = 0, budget: list | None = None
         extra = schema.get("additionalProperties", True)
         if missing and extra is False:
             raise ValueError(f"required names {missing[0]!r}, which properties lacks")
+        names = _texts(props, budget)
         nodes = tuple(
-            (_text(k), compile_schema(v, root, depth + 1, budget)) for k, v in props.items()
+            (name, compile_schema(v, root, depth + 1, budget))
+            for name, v in zip(names, props.values())
         )
         additional = None if extra is False else compile_schema(extra, root, depth + 1, budget)
         return Obj(nodes, frozenset(_text(r) for r in required), additional)

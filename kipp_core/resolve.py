@@ -19,6 +19,19 @@ _ALLOW = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"
 
 def resolve_model(model: str | os.PathLike) -> tuple[Path, RegistryEntry | None]:
     """Return the checkpoint directory and the registry entry it must match (None if not listed)."""
+    model, local, entry = _name(model)
+    if local is not None:
+        return local, entry
+    return hub_snapshot(entry.repo_id if entry else model), entry
+
+
+def check_model_name(model: str | os.PathLike) -> None:
+    """resolve_model's ValueError for a name that names no model, without going to the Hub."""
+    _name(model)
+
+
+def _name(model):
+    """(the name, its local directory or None, its registry entry or None), or ValueError."""
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str) or not model.strip():
@@ -26,12 +39,11 @@ def resolve_model(model: str | os.PathLike) -> tuple[Path, RegistryEntry | None]
     if model == DEFAULT_MODEL or model == REGISTRY[DEFAULT_MODEL].repo_id:
         from kipp_core.tiny import tiny_path
 
-        return tiny_path(), REGISTRY[DEFAULT_MODEL]
+        return model, tiny_path(), REGISTRY[DEFAULT_MODEL]
     p = Path(model).expanduser()
     if p.is_dir():
-        return p, None
+        return model, p, None
     entry = lookup(model)
-    repo_id = entry.repo_id if entry else model
     if entry is None and not _REPO_ID.match(model):
         if p.exists() or "/" in model or model.startswith("."):
             raise ValueError(f"model path {model!r} is not a directory")
@@ -39,7 +51,7 @@ def resolve_model(model: str | os.PathLike) -> tuple[Path, RegistryEntry | None]
             f"unknown model {model!r}: not a directory, a registry name "
             f"({', '.join(REGISTRY)}), or a Hugging Face repo id"
         )
-    return hub_snapshot(repo_id), entry
+    return model, None, entry
 
 
 def hub_snapshot(repo_id: str) -> Path:

@@ -47,6 +47,9 @@ class SamplerState:
     # Samples still on the device (async scheduling): they count as steps. Penalties, which
     # need their values, are never applied with pending samples (the engine waits for them).
     num_pending: int = 0
+    # Bool [vocab]: the only tokens a structured-outputs constraint allows this step (the
+    # others' logits are -inf before anything else); logprobs stay the raw logits'.
+    allowed: np.ndarray | None = None
 
     @property
     def step(self) -> int:
@@ -67,13 +70,16 @@ def _ids_below(ids: Iterable[int], v: int) -> np.ndarray:
 
 
 def process_logits(logits: np.ndarray, st: SamplerState) -> np.ndarray:
-    """Logit bias, min_tokens, repetition / frequency / presence penalties (vLLM order); float32.
+    """The constraint's mask, logit bias, min_tokens, repetition / frequency / presence
+    penalties (vLLM order); float32.
 
     Token ids outside the vocabulary are ignored.
     """
     p = st.params
     x = np.array(logits, dtype=_F32)
     v = x.shape[-1]
+    if st.allowed is not None:
+        x[~st.allowed] = _NEG_INF
     if p.logit_bias:
         ids = _ids_below(p.logit_bias, v)
         x[ids] += np.array([p.logit_bias[int(i)] for i in ids], dtype=_F32)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kipp_core.structured_outputs import StructuredOutputs
+
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 MAX_N = 128
 MAX_STOP_STRINGS = 16
@@ -119,7 +121,8 @@ class SamplingParams:
 
     `stop` is normalized to a list of strings and `stop_token_ids` to a list of ints (`[]` for
     None); `logit_bias` keys to ints. `top_k` 0 or -1 means off. `max_tokens=None` means up to the
-    context limit. Invalid values raise `ValueError` naming the field and the value.
+    context limit. `structured_outputs` holds the output to JSON, a JSON schema or a tool call
+    (kipp_core/structured_outputs.py). Invalid values raise `ValueError` naming the field.
     """
 
     n: int = 1
@@ -141,6 +144,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None  # kipp_core/structured_outputs.py
 
     def __post_init__(self):
         for name, value in self._validated().items():
@@ -164,6 +168,9 @@ class SamplingParams:
             "logprobs": _optional_count("logprobs", self.logprobs),
             "prompt_logprobs": _optional_count("prompt_logprobs", self.prompt_logprobs),
         }
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputs):
+            raise _bad("structured_outputs", "a StructuredOutputs or None", so)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             v[name] = _as_bool(name, getattr(self, name))
         if v["temperature"] < 0:

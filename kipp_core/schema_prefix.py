@@ -10,6 +10,8 @@ masks cache by it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from kipp_core.json_prefix import _ENDS_NUMBER, _ESCAPES, _HEX, _NUMBER, _PLAIN, _WS, State
 from kipp_core.json_schema import (
     ANY_ARR,
@@ -33,10 +35,22 @@ S = State
 # scalar: the value or key being read, or None:
 #   ("str", key?, text, escape)        a free string (text kept for keys); escape: "", "\\" or
 #                                      the hex digits still owed
-#   ("lit", candidates, typed, key?)   one of fixed texts (keys of closed objects too)
+#   ("lit", cands, lo, hi, typed, key?) one of fixed texts (keys of closed objects too): cands
+#                                      sorted, cands[lo:hi] the ones that start with typed
 #   ("num", State, integer)
 
 _INITIAL_FRAMES: tuple = ()
+
+
+def _narrow(cands: tuple, lo: int, hi: int, typed: str) -> tuple[int, int]:
+    """The range of the sorted cands[lo:hi] that start with `typed` (empty: lo == hi)."""
+    a = bisect_left(cands, typed, lo, hi)
+    return a, bisect_left(cands, typed[:-1] + chr(ord(typed[-1]) + 1), a, hi)
+
+
+def _lit(cands: tuple, typed: str, is_key: bool):
+    lo, hi = _narrow(cands, 0, len(cands), typed)
+    return ("lit", cands, lo, hi, typed, is_key) if lo < hi else None
 
 
 def _value_start(node, c: str, frames: tuple):
@@ -64,8 +78,8 @@ def _value_start(node, c: str, frames: tuple):
         nxt = _NUMBER[S.MINUS].get(c) if c != "-" else S.MINUS
         return (frames, ("num", nxt, node.integer)) if nxt is not None else None
     if isinstance(node, Lit):
-        live = tuple(t for t in node.texts if t.startswith(c))
-        return (frames, ("lit", live, c, False)) if live else None
+        lit = _lit(node.sorted_texts, c, False)
+        return (frames, lit) if lit else None
     return None
 
 
@@ -95,8 +109,8 @@ def _can_add_key(obj: Obj, seen: frozenset) -> bool:
 def _key_start(obj: Obj, seen: frozenset):
     if obj.additional is not None:
         return ("str", True, '"', "")
-    names = tuple(k for k, _ in obj.props if k not in seen)
-    return ("lit", names, '"', True) if names else None
+    names = tuple(sorted(k for k, _ in obj.props if k not in seen))
+    return _lit(names, '"', True) if names else None
 
 
 def _structural(frames: tuple, c: str, root):
@@ -188,18 +202,18 @@ def _advance(snap, text: str, root):
             i += 1
             continue
         if scalar is not None and scalar[0] == "lit":
-            _, live, typed, is_key = scalar
-            ext = tuple(t for t in live if t.startswith(typed + c))
-            if ext:
-                scalar, i = ("lit", ext, typed + c, is_key), i + 1
-                if typed + c in ext and len(ext) == 1:  # nothing longer: the value ends here
+            _, cands, lo, hi, typed, is_key = scalar
+            a, b = _narrow(cands, lo, hi, typed + c)
+            if a < b:
+                scalar, i = ("lit", cands, a, b, typed + c, is_key), i + 1
+                if b - a == 1 and cands[a] == typed + c:  # nothing longer: the value ends here
                     if is_key:
                         frames, scalar = _end_key(frames, typed + c), None
                     else:
                         frames, done = _after_value(frames)
                         scalar = None
                 continue
-            if typed not in live or is_key:
+            if cands[lo] != typed or is_key:  # (the shortest of the range: typed, if whole)
                 return None
             frames, done = _after_value(frames)  # a complete literal; c follows it
             scalar = None
@@ -251,8 +265,57 @@ class SchemaPrefix:
     def can_feed(self, text: str) -> bool:
         return _advance(self._state, text, self.root) is not None
 
+    def fed(self, text: str) -> SchemaPrefix | None:
+        """A new prefix with `text` read, or None if it cannot be (this one is unchanged)."""
+        nxt = _advance(self._state, text, self.root)
+        return None if nxt is None else SchemaPrefix(self.root, nxt)
+
     def copy(self) -> SchemaPrefix:
         return SchemaPrefix(self.root, self._state)
+
+    @property
+    def at_gap(self) -> bool:
+        """Between JSON tokens: whitespace changes nothing here."""
+        return self._state[1] is None
+
+    def fixed(self) -> tuple | None:
+        """Inside a string that is one of fixed texts (an enum member, a key of a closed object)
+        and cannot end yet: (cands, lo, hi, typed), cands[lo:hi] the texts that start with
+        typed; else None."""
+        scalar = self._state[1]
+        if scalar is None or scalar[0] != "lit" or scalar[4][0] != '"':
+            return None
+        _, cands, lo, hi, typed, _ = scalar
+        return None if cands[lo] == typed else (cands, lo, hi, typed)
+
+    def with_fixed(self, lo: int, hi: int, typed: str) -> SchemaPrefix:
+        """This prefix further into its fixed texts: typed so far, cands[lo:hi] still possible."""
+        frames, scalar, done = self._state
+        return SchemaPrefix(self.root, (frames, (*scalar[:2], lo, hi, typed, scalar[5]), done))
+
+    def next_chars(self) -> set[str] | None:
+        """The characters that may come next, inside one of fixed texts that cannot end yet;
+        else None (not known here)."""
+        scalar = self._state[1]
+        if scalar is None or scalar[0] != "lit":
+            return None
+        _, cands, lo, hi, typed, _ = scalar
+        if cands[lo] == typed:  # it may end here, and anything may follow a value
+            return None
+        n, out = len(typed), set()
+        while lo < hi:
+            c = cands[lo][n]
+            out.add(c)
+            lo = bisect_left(cands, typed + chr(ord(c) + 1), lo, hi)
+        return out
+
+    @property
+    def in_string(self) -> bool:
+        """Inside a string (a free one, or one of fixed texts): whitespace here is its text."""
+        scalar = self._state[1]
+        if scalar is None:
+            return False
+        return scalar[0] == "str" or scalar[0] == "lit" and scalar[4][0] == '"'
 
     @property
     def is_complete(self) -> bool:
@@ -268,7 +331,7 @@ class SchemaPrefix:
             return done
         if scalar[0] == "num":
             return scalar[1] in _ENDS_NUMBER
-        return scalar[0] == "lit" and scalar[2] in scalar[1]
+        return scalar[0] == "lit" and scalar[1][scalar[2]] == scalar[4]
 
     @property
     def state(self) -> State:

@@ -74,6 +74,11 @@ class Tokenizer:
         b = self._bytes[i] if 0 <= i < self.vocab_size else b""
         return b.decode("utf-8", errors="backslashreplace")
 
+    def token_str(self, i: int) -> str | None:
+        """Id i's own string in the vocabulary (byte-level: "Ġhello"), as transformers'
+        convert_ids_to_tokens gives it; None past the vocabulary."""
+        return self._tok.id_to_token(i)
+
     def token_to_id(self, piece: str) -> int | None:
         return self._tok.token_to_id(piece)
 

@@ -3,48 +3,22 @@
 from __future__ import annotations
 
 import logging
-import re
 
 import torch
 
 from kipp_core.config import ModelConfig
 from kipp_core.kv_budget import KVBudget, serving_budget
+from kipp_core.kv_memory import parse_kv_memory
 from kipp_cuda.attention import LayerKV
 from kipp_cuda.kernels.block_copy import copy_block as copy_store_block
 
 log = logging.getLogger("kipp")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-}
 DEFAULT_FRACTION = 0.3  # of free memory after weights: a 0.6B model never takes the whole card
 DEFAULT_CAP = 16 * 2**30
 # The default grows to one full-context request where that fits in this much of free memory: an
 # 8B context of 131,072 tokens (YaRN) is 18 GiB of bf16 KV, more than the cap
 FULL_CONTEXT_FRACTION = 0.9
-
-
-def parse_memory(value) -> tuple[str, float]:
-    """("bytes", n) or ("fraction", f) from 8, "8GiB", "512MiB", 0.3 or "0.3"."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return ("fraction", float(value)) if 0 < value <= 1 else ("bytes", float(value))
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(
-            f"kv_cache_memory must be like '8GiB', '512MiB' or a fraction such as "
-            f"0.3, got {value!r}"
-        )
-    n = float(m.group(1))
-    if not m.group(2):
-        return ("fraction", n) if 0 < n <= 1 else ("bytes", n)
-    return "bytes", n * _UNITS[m.group(2).lower()]
 
 
 def bytes_per_block(
@@ -85,7 +59,7 @@ def num_blocks_for(
     per = bytes_per_block(cfg, block_size, dtype, kv_quant, tp_size)
     free = free_memory(device)
     if budget is not None:
-        kind, v = parse_memory(budget)
+        kind, v = parse_kv_memory(budget)
         nbytes = v * free if kind == "fraction" else v
         if nbytes > free:
             raise ValueError(

@@ -1,9 +1,10 @@
 """The batched device sampler: token for token the same as kipp_core.sampling.sample.
 
-One call samples a batch of rows, each with its own SamplerState, in the reference's order: logit
-bias, min_tokens masking, repetition penalty, frequency then presence penalty; then greedy rows
-take the argmax and the others divide by a float32 temperature, apply min_p, top_k and top_p, and
-take argmax(filtered - log(-log(u))) with u the hash noise at (seed, stream, step, salt 0).
+One call samples a batch of rows, each with its own SamplerState, in the reference's order: a
+structured-outputs mask (SamplerState.allowed, one bool upload), logit bias, min_tokens masking,
+repetition penalty, frequency then presence penalty; then greedy rows take the argmax and the
+others divide by a float32 temperature, apply min_p, top_k and top_p, and take
+argmax(filtered - log(-log(u))) with u the hash noise at (seed, stream, step, salt 0).
 
 Every step is vectorized over the rows that need it, with neutral parameters for the others (x / 1,
 x - 0 * counts leave float32 values unchanged, so this is exact). A batch where no row needs
@@ -37,7 +38,8 @@ _TOP_P_WINDOW = 17.5
 def _needs_processing(st: SamplerState) -> bool:
     p = st.params
     return bool(
-        p.logit_bias
+        st.allowed is not None
+        or p.logit_bias
         or (st.step < p.min_tokens and st.stop_token_ids)
         or p.repetition_penalty != 1.0
         or p.frequency_penalty
@@ -66,6 +68,11 @@ def process_logits(x: torch.Tensor, states: Sequence[SamplerState]) -> torch.Ten
     B, V = x.shape
     dev = x.device
     x = x.clone()
+    masked = [i for i, st in enumerate(states) if st.allowed is not None]
+    if masked:
+        keep = np.ones((B, V), dtype=bool)
+        keep[masked] = np.stack([states[i].allowed for i in masked])
+        x = x.masked_fill(~upload(keep, dev), _NEG_INF)
     bias_rows, bias_ids, bias_vals = [], [], []
     for i, st in enumerate(states):
         if st.params.logit_bias:

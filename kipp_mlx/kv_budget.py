@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 
 import mlx.core as mx
 
 from kipp_core.backend import BackendOptions
 from kipp_core.config import ModelConfig
+from kipp_core.kv_memory import parse_kv_memory
 from kipp_mlx.kv_cache import PagedKVCache
 
 DEFAULT_CAP = 2 << 30  # the default pool: 4 full contexts, at most 2 GiB (but one context at least)
-
-
-def parse_bytes(value: str) -> int:
-    """'4GiB', '512MiB' or '2G' (binary), '1.5GB' (decimal), or a plain byte count."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(ib|b)?\s*", value.lower())
-    if not m:
-        raise ValueError(f"kv_cache_memory must look like '4GiB' or '512MiB', got {value!r}")
-    num, prefix, suffix = m.groups()
-    base = 1000 if suffix == "b" and prefix else 1024
-    return int(float(num) * base ** ("_kmgt".find(prefix) if prefix else 0))
 
 
 def device_memory() -> int:
@@ -51,14 +41,8 @@ def num_kv_blocks(opts: BackendOptions, cfg: ModelConfig, itemsize: int) -> int:
         return n
     mem = opts.kv_cache_memory
     if mem is not None:
-        if isinstance(mem, str):
-            budget = parse_bytes(mem)
-        elif isinstance(mem, float) and 0 < mem <= 1:
-            budget = int(mem * device_memory())
-        else:
-            raise ValueError(
-                f"kv_cache_memory must be a size like '4GiB' or a fraction in (0, 1], got {mem!r}"
-            )
+        kind, v = parse_kv_memory(mem)
+        budget = int(v * device_memory()) if kind == "fraction" else int(v)
         n = budget // per_block
         if n <= 0:
             raise ValueError(f"kv_cache_memory {mem!r} holds no block of {per_block} bytes")

@@ -1,11 +1,11 @@
 """Device sampling equal to kipp_core.sampling, batched over rows.
 
-The same steps in the same order and in float32: logit bias, min_tokens, repetition, frequency
-and presence penalties; greedy argmax; else temperature (a true division), min_p, top_k, top_p
-(sequential float32 cumsum over the sorted values) and Gumbel-max with the hash noise of
-kipp_core.noise.uniform, computed here in MLX uint32 ops. Ties go to the lowest token id
-(mx.argmax returns the first maximum). Exp and log may differ from numpy's by an ulp, so tokens are
-equal except where two candidates tie to within ~1e-7.
+The same steps in the same order and in float32: a structured-outputs mask, logit bias,
+min_tokens, repetition, frequency and presence penalties; greedy argmax; else temperature (a true
+division), min_p, top_k, top_p (sequential float32 cumsum over the sorted values) and Gumbel-max
+with the hash noise of kipp_core.noise.uniform, computed here in MLX uint32 ops. Ties go to the
+lowest token id (mx.argmax returns the first maximum). Exp and log may differ from numpy's by an
+ulp, so tokens are equal except where two candidates tie to within ~1e-7.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def process_logits(logits: mx.array, states: Sequence[SamplerState]) -> mx.array
     """kipp_core.sampling.process_logits for each row [R, V] with its state; float32."""
     x = logits.astype(F32)
     R, V = x.shape
+    masked = [r for r, st in enumerate(states) if st.allowed is not None]
+    if masked:
+        keep = np.ones((R, V), dtype=bool)
+        keep[masked] = np.stack([states[r].allowed for r in masked])
+        x = mx.where(mx.array(keep), x, NEG_INF)
     idx, val = [], []
     for r, st in enumerate(states):
         if st.params.logit_bias:

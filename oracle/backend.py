@@ -3,16 +3,25 @@ numpy reference in kipp_core.sampling. Every engine test runs on it with no torc
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from kipp_core.backend import SCORE_CHUNK, BackendOptions, ModelInput, SeqInput, SeqOutput
 from kipp_core.checkpoint import Checkpoint
+from kipp_core.kv_memory import parse_kv_memory
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.sampling import logprobs, logprobs_rows, sample
 from kipp_core.spec_decode import verify_drafts
 from oracle.qwen3 import compute_logits, forward_hidden, load_weights
 
 DTYPES = {None: np.float32, "float32": np.float32, "float64": np.float64}
+
+
+def _free_ram() -> int:
+    """Available system memory (all of it where the OS does not say)."""
+    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else None
+    return os.sysconf("SC_PAGE_SIZE") * (pages or os.sysconf("SC_PHYS_PAGES"))
 
 
 class PagedKV:
@@ -83,6 +92,15 @@ class OracleBackend:
         self.kv_bytes_per_token = (
             2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * itemsize
         )
+        if opts.kv_cache_memory is not None and not opts.num_blocks:  # a cap on that pool
+            kind, v = parse_kv_memory(opts.kv_cache_memory)
+            per_block = int(self.kv_bytes_per_token * block_size)
+            self.num_blocks = int((v * _free_ram() if kind == "fraction" else v) // per_block)
+            if self.num_blocks < 1:
+                raise ValueError(
+                    f"kv_cache_memory {opts.kv_cache_memory!r} holds no KV block "
+                    f"({per_block} bytes)"
+                )
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.serial_seqs = True  # one sequence at a time: a step costs the sum of its sequences
         self.hidden_slots: dict[int, np.ndarray] = {}

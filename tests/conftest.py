@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import numpy as np
@@ -72,6 +73,26 @@ def make_checkpoint(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+F32_U = 2.0**-24  # float32's unit roundoff
+
+
+def f32_paths_atol(magnitude: float, terms: int) -> float:
+    """How far two float32 computations of one value may differ when they add the same terms
+    in other orders (another BLAS blocking, a padded graph, another backend): each is within
+    the first-order bound terms * u * magnitude of the exact value, so the two within twice
+    that. `terms`: the longest chain of additions behind the value (the widest matmul plus the
+    attention span); `magnitude`: the largest of the values involved (a model's logits bound
+    what its layers carry, as the final norm and head scale them)."""
+    return 2 * terms * F32_U * magnitude
+
+
+def logprob_atol(max_logit: float, terms: int, vocab: int) -> float:
+    """f32_paths_atol for a logprob x_t - logsumexp(x): the two logits' errors, plus the
+    tree-summed exponentials' rounding (ceil(log2 V) additions, relative to a sum >= 1) on
+    each side."""
+    return 2 * f32_paths_atol(max_logit, terms) + 2 * math.ceil(math.log2(vocab)) * F32_U
 
 
 def rel_err(a, b) -> float:

@@ -11,7 +11,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    UsageError,
+    add_model_args,
+    check_model_args,
+    load_llm,
+    positive_int,
+    setup_logging,
+)
 
 EPILOG = """examples:
   kipp bench --model kipp-tiny --backend oracle --batch-sizes 1 --prompt-len 64 --gen-len 16
@@ -99,7 +107,16 @@ def build_parser() -> Parser:
     )
     b.add_argument("--no-warmup", action="store_true", help="time the first run of each shape")
     b.add_argument(
-        "--repeats", type=int, default=3, help="prefill runs a shape; the median counts (default 3)"
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="prefill runs a shape; the median counts (default 3)",
+    )
+    b.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="record even when kernels fall back to their reference paths (a CPU run of "
+        "--backend cuda or mlx), labelled as a fallback run",
     )
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", metavar="OUT", default=None, help="write the results as JSON")
@@ -139,6 +156,7 @@ def main(argv: list[str]) -> int:
                 f"kipp bench: error: unknown peer {name!r} (choose from {', '.join(bench.PEERS)})"
             )
     setup_logging(args.verbose)
+    check_model_args(args, "kipp bench")
     if args.random_weights:
         args.model = str(_random_weights(args.random_weights))
     spec = bench.BenchSpec(
@@ -156,14 +174,20 @@ def main(argv: list[str]) -> int:
         seed=args.seed,
     )
     llm = load_llm(args)
-    bench.check_no_fallbacks()  # a kernel that fell back at load: refuse before the long run
+    # A kernel that falls back does so at load or in its first step: refuse before the long run.
+    llm.generate([[1, 2, 3]], bench.greedy(2), use_tqdm=False)
+
+    def check():
+        return bench.check_no_fallbacks(args.allow_fallback)
+
+    check()
     model_path, backend = llm.checkpoint.path, llm.backend_name
 
     def log(msg):
         print(f"kipp bench: {msg}", file=sys.stderr)
 
     result = bench.run_benchmarks(llm, spec, log)
-    bench.check_no_fallbacks()
+    check()
     del llm  # free the device for the peers
     gc.collect()
     if backend == "cuda":
@@ -174,7 +198,7 @@ def main(argv: list[str]) -> int:
     result["peers"] = [
         bench.run_peer(n, model_path, spec, args.dtype, device, args.quant) for n in peers
     ]
-    bench.check_no_fallbacks()
+    result["fallbacks"] = check()
     from kipp_core import __version__
 
     result["hardware"] = bench.hardware()

@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kipp_core.chat_template import opens_think
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    add_model_args,
+    check_model_args,
+    load_llm,
+    positive_int,
+    setup_logging,
+)
 from kipp_core.outputs import RequestMetrics
 from kipp_core.registry import ENDOFTEXT_ID, IM_END_ID
 from kipp_core.server.reasoning import ReasoningStream, split_reasoning
@@ -212,7 +219,7 @@ def build_parser() -> Parser:
     p.add_argument(
         "--max-tokens",
         "-n",
-        type=int,
+        type=positive_int,
         default=None,
         help="tokens per reply (default: up to the context)",
     )
@@ -251,8 +258,12 @@ def run_command(session: ChatSession, line: str, out) -> bool:
             print(f"(saved {len(session.messages)} messages to {arg})", file=out)
         except OSError as e:
             print(f"error: cannot write {arg}: {e.strerror}", file=out)
-    else:
+    elif cmd in ("/think", "/save"):
+        print(f"usage: {cmd} {'on|off' if cmd == '/think' else 'FILE'}", file=out)
+    elif cmd == "/help":
         print(HELP, file=out)
+    else:
+        print(f"unknown command {cmd} (/help lists them)", file=out)
     return True
 
 
@@ -283,9 +294,8 @@ def _stats(turn: Turn) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError(f"kipp chat: error: --max-tokens must be >= 1, got {args.max_tokens}")
     setup_logging(args.verbose)
+    check_model_args(args, "kipp chat")
     llm = load_llm(args)
     sampling = {
         k: getattr(args, k)
@@ -310,11 +320,10 @@ def main(argv: list[str]) -> int:
         except KeyboardInterrupt:
             print(file=sys.stderr)
             continue
-        except EOFError:
-            line = ""
-        if not line:  # Ctrl-D, or the end of piped input
-            if interactive:
-                print(file=sys.stderr)
+        except EOFError:  # Ctrl-D
+            print(file=sys.stderr)
+            return 0
+        if not interactive and not line:  # the end of piped input (an empty line is "\n")
             return 0
         line = line.rstrip("\n")
         if not line.strip():

@@ -6,7 +6,19 @@ import json
 import sys
 import uuid
 
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    UsageError,
+    add_model_args,
+    bad,
+    check_model_args,
+    load_llm,
+    positive_int,
+    setup_logging,
+)
+
+DEFAULT_MAX_TOKENS = 256
+TINY_MAX_TOKENS = 32  # its random text says nothing more at 256
 
 EPILOG = """examples:
   kipp generate "Write a haiku about the sea"
@@ -28,9 +40,10 @@ def build_parser() -> Parser:
     s.add_argument(
         "--max-tokens",
         "-n",
-        type=int,
+        type=positive_int,
         default=None,
-        help="tokens to generate (default 256, capped by the context)",
+        help=f"tokens to generate (default {DEFAULT_MAX_TOKENS}, {TINY_MAX_TOKENS} for kipp-tiny; "
+        "capped by the context)",
     )
     s.add_argument("--temperature", "-t", type=float, default=None, help="0 = greedy")
     s.add_argument("--top-p", type=float, default=None)
@@ -76,14 +89,18 @@ def sampling_overrides(args) -> dict:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    prog = "kipp generate"
+    for flag, given in (("--system", args.system is not None), ("--no-think", args.no_think)):
+        if given and not args.chat:
+            raise bad(prog, flag, "needs --chat")
     prompt = args.prompt
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
+        prompt = prompt[:-1] if prompt.endswith("\n") else prompt  # echo's, not the prompt's
     if prompt is None or not prompt.strip():
-        raise UsageError("kipp generate: error: the prompt is empty")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError(f"kipp generate: error: --max-tokens must be >= 1, got {args.max_tokens}")
+        raise UsageError(f"{prog}: error: the prompt is empty")
     setup_logging(args.verbose)
+    check_model_args(args, prog)
     llm = load_llm(args)
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -93,7 +110,9 @@ def main(argv: list[str]) -> int:
     limit = llm.engine.max_model_len
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens, but the context holds {limit}")
-    max_tokens = args.max_tokens if args.max_tokens is not None else min(256, limit - len(ids))
+    tiny = llm.registry_entry is not None and llm.registry_entry.name == "kipp-tiny"
+    default = TINY_MAX_TOKENS if tiny else DEFAULT_MAX_TOKENS
+    max_tokens = args.max_tokens if args.max_tokens is not None else min(default, limit - len(ids))
     params = llm.default_sampling_params(max_tokens=max_tokens, **sampling_overrides(args))
     engine = llm.engine
     engine.add_request(uuid.uuid4().hex, ids, params, prompt=prompt)

@@ -7,7 +7,18 @@ import json
 import sys
 from pathlib import Path
 
-from kipp_core.cli.common import Parser, UsageError, add_model_args, load_llm, setup_logging
+from kipp_core.cli.common import (
+    Parser,
+    add_model_args,
+    bad,
+    check_model_args,
+    load_llm,
+    number,
+    positive_int,
+    setup_logging,
+)
+
+ctx_len = number(int, 2)  # a window scores from its second token on
 
 EPILOG = """examples:
   kipp ppl --file wiki.test.raw
@@ -28,33 +39,46 @@ def build_parser() -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--file", "-f", required=True, help="the text file (UTF-8)")
-    p.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
-    p.add_argument("--stride", type=int, default=256, help="window step in tokens (default 256)")
-    p.add_argument("--max-tokens", type=int, default=None, help="use only the first N tokens")
+    p.add_argument("--ctx", type=ctx_len, default=512, help="window length in tokens (default 512)")
+    p.add_argument(
+        "--stride", type=positive_int, default=256, help="window step in tokens (default 256)"
+    )
+    p.add_argument("--max-tokens", type=ctx_len, default=None, help="use only the first N tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_args(p)
     return p
 
 
 def main(argv: list[str]) -> int:
+    """Everything that can be wrong with the arguments, the file or the model's context fails
+    before the model loads (the tokenizer and config.json are enough to tell)."""
     args = build_parser().parse_args(argv)
+    prog = "kipp ppl"
     path = Path(args.file)
     if not path.is_file():
-        raise UsageError(f"kipp ppl: error: no such file: {args.file}")
-    if args.max_tokens is not None and args.max_tokens < 2:
-        raise UsageError(f"kipp ppl: error: --max-tokens must be >= 2, got {args.max_tokens}")
+        raise bad(prog, "--file", f"no such file: {args.file}")
+    if args.stride > args.ctx:
+        raise bad(prog, "--stride", f"must be <= --ctx ({args.ctx}), got {args.stride}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"kipp ppl: error: {args.file} is not UTF-8 text ({e.reason})") from None
-    from kipp_core.perplexity import perplexity, windows
-
-    windows(args.ctx, args.ctx, args.stride)  # a bad --ctx or --stride fails before the load
+        raise bad(prog, "--file", f"{args.file} is not UTF-8 text ({e.reason})") from None
     setup_logging(args.verbose)
+    check_model_args(args, prog)
+    from kipp_core.checkpoint import Checkpoint
+    from kipp_core.perplexity import perplexity
+    from kipp_core.resolve import resolve_model
+    from kipp_core.tokenizer import Tokenizer
+
+    model_path, entry = resolve_model(args.model)
+    context = Checkpoint(model_path, entry).config.max_position_embeddings
+    context = min(args.max_model_len or context, context)
+    if args.ctx > context:
+        raise bad(prog, "--ctx", f"must be <= the model's context ({context}), got {args.ctx}")
+    ids = Tokenizer(model_path).encode(text)[: args.max_tokens]
+    if len(ids) < 2:
+        raise bad(prog, "--file", f"{args.file} has {len(ids)} token(s); perplexity needs 2")
     llm = load_llm(args)
-    ids = llm.tokenizer.encode(text)
-    if args.max_tokens is not None:
-        ids = ids[: args.max_tokens]
     r = perplexity(llm, ids, args.ctx, args.stride, use_tqdm=sys.stderr.isatty())
     if args.json:
         out = {

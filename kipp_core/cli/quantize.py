@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kipp_core.cli.common import Parser, setup_logging
+from kipp_core.cli.common import Parser, bad, positive_int, setup_logging
 from kipp_core.quant import SCHEMES
 
 EPILOG = """examples:
@@ -27,11 +27,26 @@ def build_parser() -> Parser:
     )
     p.add_argument("--model", "-m", required=True, help="source: a directory or registry name")
     p.add_argument("--scheme", required=True, choices=list(SCHEMES), help="quantization scheme")
-    p.add_argument("--group-size", type=int, default=32, help="elements per scale (default 32)")
+    p.add_argument(
+        "--group-size", type=positive_int, default=32, help="elements per scale (default 32)"
+    )
     p.add_argument("--out", "-o", required=True, help="destination directory")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
+
+
+def _check_writable(out) -> None:
+    """--out can be made: a temporary directory beside it is (before any weight is read)."""
+    import tempfile
+
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError as e:
+        raise bad("kipp quantize", "--out", f"cannot write in {parent}: {e.strerror}") from None
 
 
 def _gib(n: int) -> str:
@@ -51,6 +66,7 @@ def main(argv: list[str]) -> int:
 
     if Path(args.out).exists() and not args.force:  # before a possible download
         raise ValueError(f"{args.out} exists; pass --force to overwrite it")
+    _check_writable(Path(args.out))
     path, entry = resolve_model(args.model)
     src = Checkpoint(path, entry)
     bar = tqdm(
@@ -68,6 +84,8 @@ def main(argv: list[str]) -> int:
 
     try:
         r = quantize_checkpoint(src, args.out, args.scheme, args.group_size, args.force, progress)
+    except OSError as e:
+        raise bad("kipp quantize", "--out", f"cannot write {args.out}: {e.strerror}") from None
     finally:
         bar.close()
     print(

@@ -12,10 +12,17 @@ from kipp_core.cli.common import (
     Parser,
     UsageError,
     add_model_args,
+    announce,
+    check_model_args,
     llm_kwargs,
     load_llm,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
     setup_logging,
 )
+from kipp_core.resolve import check_model_name
 
 log = logging.getLogger("kipp")
 
@@ -36,7 +43,7 @@ def build_parser() -> Parser:
     )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    s.add_argument("--port", type=port, default=8000, help="port (0 picks a free one)")
     s.add_argument(
         "--api-key",
         default=None,
@@ -55,14 +62,22 @@ def build_parser() -> Parser:
     s.add_argument("--served-model-name", default=None, help="the model id clients use")
     s.add_argument(
         "--max-waiting",
-        type=int,
+        type=positive_int,
         default=256,
         help="waiting-queue size; beyond it requests get 429",
     )
-    s.add_argument("--max-body-mb", type=float, default=16.0, help="request body limit (413)")
+    s.add_argument(
+        "--max-body-mb", type=positive_float, default=16.0, help="request body limit (413)"
+    )
+    s.add_argument(
+        "--default-max-tokens",
+        type=positive_int,
+        default=None,
+        help="cap for chat requests without max_tokens (default: the rest of the context, as vLLM)",
+    )
     s.add_argument(
         "--keep-alive-timeout",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="seconds before an idle connection is closed",
     )
@@ -71,7 +86,9 @@ def build_parser() -> Parser:
         ("--body-timeout", 30.0, "seconds a request body may take to arrive (408)"),
         ("--shutdown-timeout", 30.0, "seconds in-flight requests get after SIGTERM/SIGINT"),
     ):
-        s.add_argument(flag, type=float, default=default, help=f"{what} (default {default:g})")
+        s.add_argument(
+            flag, type=non_negative_float, default=default, help=f"{what} (default {default:g})"
+        )
     s.add_argument("--no-access-log", action="store_true", help="no line per request")
     s.add_argument(
         "--engine-in-process",
@@ -122,6 +139,7 @@ def _engine_process(args):
             max_waiting=kw["max_waiting"],
             speculative=bool(kw["speculative"] or kw["speculative_model"]),
         )
+        announce(args, front.registry_entry)
         return front, EngineProcess(args.model, kw)
 
     return make
@@ -143,6 +161,7 @@ async def _serve(args) -> None:
         shutdown_timeout=args.shutdown_timeout,
         access_log=not args.no_access_log,
         allowed_hosts=tuple(h.lower() for h in args.allowed_host),
+        default_max_tokens=args.default_max_tokens,
     )
     if args.engine_in_process:
         server = APIServer(config, loader=_loader(args))
@@ -185,16 +204,10 @@ async def _serve(args) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"kipp serve: error: --port must be in [0, 65535], got {args.port}")
-    for name in ("max_waiting", "max_body_mb", "keep_alive_timeout"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"kipp serve: error: --{name.replace('_', '-')} must be positive")
-    for name in ("write_timeout", "body_timeout", "shutdown_timeout"):
-        if getattr(args, name) < 0:
-            raise UsageError(f"kipp serve: error: --{name.replace('_', '-')} must be >= 0")
     args.key = api_key(args)
     setup_logging(args.verbose)
+    check_model_args(args, "kipp serve")
+    check_model_name(args.model)  # a name that names nothing fails before the socket is bound
     try:
         asyncio.run(_serve(args))
     except (OSError, RuntimeError) as e:  # load failures that are not ValueErrors: one line

@@ -19,6 +19,7 @@ from kipp_core.server.errors import APIError
 from kipp_core.server.http_layer import no_versions
 from kipp_core.server.metrics import CONTENT_TYPE, ServerMetrics
 from kipp_core.server.streaming import DISCONNECTED, WRITE_TIMEOUT, dumps
+from kipp_core.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("kipp")
 
@@ -174,4 +175,6 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     return app

@@ -12,7 +12,7 @@ from aiohttp import web
 from kipp_core.server.access_log import ACCESS, STREAM
 from kipp_core.server.async_engine import EngineRequest, RequestStream
 from kipp_core.server.body import read_json
-from kipp_core.server.chat_request import ChatRequest, parse_request
+from kipp_core.server.chat_request import ChatRequest, check_structured, parse_request
 from kipp_core.server.context import STATE, ServingContext
 from kipp_core.server.logprobs import chat_logprobs
 from kipp_core.server.reasoning import ReasoningStream, split_reasoning
@@ -187,16 +187,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     request[ACCESS] = rid
     item = EngineRequest(rid, req.prompt_token_ids, req.params, req.prompt)
     response = _Response(req, ctx, rid)
-    try:
-        if req.json_object:
-            await ctx.constrain_json(rid, req.thinking, req.json_schema)
-        elif req.required_tools:
-            opened = req.tool_prefix != "<tool_call>\n"  # a named function: past its name
-            await ctx.constrain_tool_call(rid, req.required_tools, opened, req.tool_schemas)
-        stream = request[STREAM] = await ctx.submit([item], arrival, state.config.retry_after_s)
-    except BaseException:
-        ctx.release(rid)
-        raise
+    await check_structured(req)
+    stream = request[STREAM] = await ctx.submit([item], arrival, state.config.retry_after_s)
     try:
         if not req.stream:
             body = response.body((await stream.collect())[0])
@@ -204,4 +196,3 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return await stream_response(request, stream, response.first_chunks(), response.chunks)
     finally:
         stream.close()
-        ctx.release(rid)

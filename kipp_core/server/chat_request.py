@@ -2,24 +2,26 @@
 
 The prompt is the checkpoint's chat template (kipp_core.chat_template) rendered over the messages;
 whether the output holds reasoning follows the template (Instruct-2507 never, Thinking-2507
-always, Qwen3 by `enable_thinking`). `tool_choice: "none"` offers no tools and parses no calls;
-a named function forces the call's opening, `<tool_call>\\n{"name": NAME, "arguments": `, after
-an empty think block (closed by hand where the template opened one), holds the rest to arguments
-valid for the function's `parameters` (kipp_core/json_schema.py) and the call's close, and parses
-the output with that prefix prepended (as vLLM's guided decoding of a named function always
-returns the call).
+always, Qwen3 by `enable_thinking`). `tool_choice: "none"` offers no tools and parses no calls; a
+named function forces the call's opening, `<tool_call>\\n{"name": NAME, "arguments": `, after an
+empty think block (closed by hand where the template opened one), holds the rest to arguments
+valid for the function's
+`parameters` (kipp_core/json_schema.py) and the call's close, and parses the output with that
+prefix prepended (as vLLM's guided decoding of a named function always returns the call).
 `"required"` forces `<tool_call>\\n` the same way and holds the output to one whole call of an
-offered tool, with valid arguments (server/tool_constraint.py). `response_format` `json_object`
-and `json_schema` hold the answer to JSON (after the thinking, when on).
+offered tool, with valid arguments (kipp_core/tool_constraint.py). `response_format`
+`json_object` and `json_schema` hold the answer to JSON (after the thinking, when on). These are
+SamplingParams.structured_outputs, which the engine compiles and applies; `check_structured`
+compiles the schemas off the event loop first, so that a bad one is a 400 naming its field.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
 from kipp_core.chat_template import opens_think
-from kipp_core.json_schema import ANY_OBJ, Obj, compile_schema
 from kipp_core.sampling import SamplingParams
 from kipp_core.server.context import ServingContext
 from kipp_core.server.errors import bad_request
@@ -32,6 +34,7 @@ from kipp_core.server.protocol import (
     sampling_fields,
     stream_flags,
 )
+from kipp_core.structured_outputs import StructuredOutputs, StructuredOutputsError
 
 FIELDS = (
     *COMMON_FIELDS,
@@ -75,10 +78,7 @@ class ChatRequest:
     parse_tools: bool
     tool_prefix: str  # forced opening of a named tool call, prepended before parsing
     logprobs: int | None  # top_logprobs when logprobs is on
-    json_object: bool  # response_format json_object or json_schema
-    required_tools: list[str] | None = None  # a forced tool_choice: the names a call may use
-    json_schema: object | None = None  # json_schema's compiled schema (kipp_core/json_schema.py)
-    tool_schemas: list | None = None  # each required tool's compiled parameters
+    tool_index: dict[str, int] | None = None  # a forced call's names -> their index in tools
     think_opened: bool = False  # the prompt opened the think block (Thinking-2507)
 
 
@@ -100,7 +100,7 @@ def _text(content, where: str) -> str | None:
     return "\n".join(texts)  # as vLLM joins text parts
 
 
-def _messages(raw) -> list[dict]:
+def parse_messages(raw) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages must be a non-empty array", "messages")
     out = []
@@ -113,6 +113,10 @@ def _messages(raw) -> list[dict]:
         if m["role"] == "developer":  # OpenAI's newer name for the system role
             m["role"] = "system"
         m["content"] = _text(m.get("content"), f"messages[{i}]")
+        if m["content"] is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+            # as OpenAI: only an assistant message that calls tools may leave it out
+            where = f"messages[{i}].content"
+            raise bad_request(f"Missing required parameter: '{where}'", where)
         rc = m.get("reasoning_content")
         if rc is not None and not isinstance(rc, str):
             raise bad_request(f"messages[{i}].reasoning_content must be a string", "messages")
@@ -120,7 +124,7 @@ def _messages(raw) -> list[dict]:
     return out
 
 
-def _tools(raw) -> list[dict]:
+def parse_tools(raw) -> list[dict]:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -164,7 +168,7 @@ def _tool_choice(raw, tools: list[dict]) -> str | dict:
     return {"name": fn["name"]}
 
 
-def _enable_thinking(f: Fields) -> bool:
+def parse_thinking(f: Fields) -> bool:
     kw = f.mapping("chat_template_kwargs", {})
     for key in kw:
         if key != "enable_thinking":
@@ -180,8 +184,8 @@ def _enable_thinking(f: Fields) -> bool:
     return value
 
 
-def _json_format(f: Fields) -> tuple[bool, object | None]:
-    """(constrained to JSON, the compiled schema of a json_schema format or None)."""
+def _json_format(f: Fields) -> tuple[bool, dict | bool | None]:
+    """(constrained to JSON, the schema of a json_schema format or None)."""
     fmt = f.mapping("response_format")
     kind = None if fmt is None else fmt.get("type")
     if fmt is None or kind == "text":
@@ -195,12 +199,12 @@ def _json_format(f: Fields) -> tuple[bool, object | None]:
                 "response_format.json_schema must be an object with a name and a schema",
                 "response_format",
             )
-        try:
-            return True, compile_schema(spec.get("schema", {}))
-        except ValueError as e:
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (dict, bool)):
             raise bad_request(
-                f"response_format.json_schema.schema: {e}", "response_format"
-            ) from None
+                "response_format.json_schema.schema must be an object", "response_format"
+            )
+        return True, schema
     raise bad_request(
         f"response_format type {kind!r} is not supported (use 'text', 'json_object' or "
         "'json_schema')",
@@ -208,18 +212,41 @@ def _json_format(f: Fields) -> tuple[bool, object | None]:
     )
 
 
-def _tool_schemas(tools: list[dict], names: list[str]) -> list:
-    """Each named tool's parameters compiled, for the arguments of a forced call (an object: a
-    schema that is not one allows any object)."""
-    out = []
-    for name in names:
-        i, tool = next((i, t) for i, t in enumerate(tools) if t["function"]["name"] == name)
-        try:
-            node = compile_schema(tool["function"].get("parameters") or {})
-        except ValueError as e:
-            raise bad_request(f"tools[{i}].function.parameters: {e}", "tools") from None
-        out.append(node if isinstance(node, Obj) else ANY_OBJ)
-    return out
+async def check_structured(req: ChatRequest) -> None:
+    """Compile the request's schemas off the event loop (StructuredOutputs keeps the result for
+    the engine); a schema that does not compile, or is too large, is a 400 naming its field."""
+    so = req.params.structured_outputs
+    if so is None:
+        return
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, so.compiled)
+    except StructuredOutputsError as e:
+        if e.tool is None:
+            raise bad_request(
+                f"response_format.json_schema.schema: {e.reason}", "response_format"
+            ) from None
+        i = req.tool_index[so.tools[e.tool][0]]
+        raise bad_request(f"tools[{i}].function.parameters: {e.reason}", "tools") from None
+
+
+def _structured(
+    ctx: ServingContext, thinking: bool, json_object: bool, schema, tools, names, prefix: str
+) -> StructuredOutputs | None:
+    if ctx.front.speculative:
+        if json_object or (names and prefix == "<tool_call>\n"):
+            what = "response_format" if json_object else "tool_choice"
+            raise bad_request(f"{what} is not available with speculative decoding", what)
+        return None  # a named call: its forced opening alone (speculation has no masks)
+    if json_object:
+        start = ctx.tokenizer.token_to_id("</think>") if thinking else None
+        if schema is None:
+            return StructuredOutputs(json_object=True, start_after=start)
+        return StructuredOutputs(json_schema=schema, start_after=start)
+    if not names:
+        return None
+    params = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
+    opened = prefix != "<tool_call>\n"  # a named function: the prompt is past its name
+    return StructuredOutputs(tools=tuple((n, params[n]) for n in names), tool_call_opened=opened)
 
 
 def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
@@ -233,13 +260,13 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
     stream, include_usage = stream_flags(f)
     f.string("user")
     f.boolean("parallel_tool_calls")  # Qwen3 may call several tools at once either way
-    messages = _messages(f.raw("messages"))
-    tools = _tools(f.raw("tools"))
+    messages = parse_messages(f.raw("messages"))
+    tools = parse_tools(f.raw("tools"))
     choice = _tool_choice(f.raw("tool_choice"), tools)
-    enable_thinking = _enable_thinking(f)
+    enable_thinking = parse_thinking(f)
     json_object, json_schema = _json_format(f)
     max_param = "max_completion_tokens" if f.has("max_completion_tokens") else "max_tokens"
-    max_tokens = f.integer(max_param, None, lo=1)
+    max_tokens = f.integer(max_param, None, lo=1)  # None: the rest of the context (vLLM's)
     logprobs = f.boolean("logprobs", False)
     top = f.integer("top_logprobs", lo=0, hi=20)
     if top is not None and not logprobs:
@@ -276,13 +303,19 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         thinking = opened or template.thinking(enable_thinking)
     prompt += prefix
     names = forced_names(choice, tools)
-    ids = ctx.encode(prompt, "messages")
+    ids = ctx.encode(prompt, "messages")  # off the event loop for a long one (offload.py)
     check_context(
         len(ids), max_tokens, ctx.max_model_len, "messages", max_param, kw.get("min_tokens", 0)
     )
+    if max_tokens is None and ctx.default_max_tokens is not None:  # --default-max-tokens
+        max_tokens = min(ctx.default_max_tokens, ctx.max_model_len - len(ids))
     kw["max_tokens"] = max_tokens
     kw["logprobs"] = (top or 0) if logprobs else None
+    kw["structured_outputs"] = _structured(
+        ctx, thinking, json_object, json_schema, tools, names, prefix
+    )
     params = build_params(ctx.defaults, kw, {"max_tokens": max_param, "logprobs": "top_logprobs"})
+    index = {t["function"]["name"]: i for i, t in enumerate(tools)} if names else None
     return ChatRequest(
         prompt,
         ids,
@@ -293,10 +326,7 @@ def parse_request(body: dict, ctx: ServingContext) -> ChatRequest:
         choice != "none",
         prefix,
         kw["logprobs"],
-        json_object,
-        names,
-        json_schema,
-        _tool_schemas(tools, names) if names else None,
+        index,
         opened,
     )
 

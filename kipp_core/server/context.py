@@ -3,7 +3,6 @@ still loading (503)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,6 +33,8 @@ class ServerConfig:
     # Without an API key, only these Host names (and loopback ones) are served: a browser page
     # cannot reach the server by DNS rebinding. "*" allows any.
     allowed_hosts: tuple[str, ...] = ()
+    # a chat request without max_tokens: at most this many (None: the rest of the context)
+    default_max_tokens: int | None = None
 
 
 @dataclass
@@ -47,8 +48,7 @@ class ServingContext:
     model_name: str
     llm: LLM | None = None
     created: int = field(default_factory=lambda: int(time.time()))
-    constraints: object | None = None  # a ConstrainedBackend once a constraint is first used
-    json_tokens: asyncio.Future | None = None  # its TokenTable
+    default_max_tokens: int | None = None  # ServerConfig's
 
     def __post_init__(self):
         f = self.front
@@ -78,57 +78,6 @@ class ServingContext:
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
-
-    async def constrain_json(self, request_id: str, thinking: bool, schema=None) -> None:
-        """Hold `request_id`'s output to one JSON object, or to a value valid for `schema` (a
-        compiled json_schema), after `</think>` when thinking."""
-        from kipp_core.server.json_constraint import JsonConstraint
-
-        what = "response_format json_schema" if schema else "response_format json_object"
-        table = await self._constrained(what, "response_format")
-        start = self.tokenizer.token_to_id("</think>") if thinking else None
-        self.constraints.constraints[request_id] = JsonConstraint(table, start, schema)
-
-    async def constrain_tool_call(
-        self, request_id: str, names: list[str], opened: bool, schemas: list | None = None
-    ) -> None:
-        """Hold `request_id`'s output to one tool call of a tool in `names`, its arguments to
-        that tool's compiled parameters in `schemas` (`opened`: the prompt already forced the
-        call's opening up to its arguments)."""
-        from kipp_core.server.tool_constraint import ToolCallConstraint
-
-        if opened and self.front.speculative:
-            return  # the forced opening alone, as before the masks: speculative decoding has none
-        what = "tool_choice naming a function" if opened else "tool_choice 'required'"
-        table = await self._constrained(what, "tool_choice")
-        end = self.tokenizer.token_to_id("</tool_call>")
-        self.constraints.constraints[request_id] = ToolCallConstraint(
-            table, names, end, opened, schemas
-        )
-
-    async def _constrained(self, what: str, param: str):
-        """The token table, with the engine's backend wrapped for masks (both made once)."""
-        from kipp_core.server.constrained_backend import ConstrainedBackend
-        from kipp_core.server.json_constraint import TokenTable
-
-        if self.front.speculative:
-            raise bad_request(f"{what} is not available with speculative decoding", param)
-        if self.llm is None:
-            raise bad_request(f"{what} needs the engine in this process", param)
-        engine = self.llm.engine
-        if self.json_tokens is None:  # built once, off the event loop: it takes a moment
-            self.json_tokens = asyncio.get_running_loop().run_in_executor(
-                None, TokenTable, self.tokenizer, self.vocab_size
-            )
-        table = await self.json_tokens
-        if self.constraints is None:
-            self.constraints = ConstrainedBackend(engine.backend, engine)
-            engine.backend = self.constraints  # swapped between steps: attribute stores are atomic
-        return table
-
-    def release(self, request_id: str) -> None:
-        if self.constraints is not None:
-            self.constraints.constraints.pop(request_id, None)
 
     async def submit(
         self, requests: list[EngineRequest], arrival_time: float, retry_after_s: int

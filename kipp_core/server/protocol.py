@@ -151,7 +151,7 @@ def stream_flags(f: Fields) -> tuple[bool, bool]:
     return stream, include
 
 
-def _token_ids(f: Fields, name: str, vocab_size: int) -> list[int] | None:
+def token_id_list(f: Fields, name: str, vocab_size: int) -> list[int] | None:
     ids = f.array(name)
     if ids is None:
         return None
@@ -201,7 +201,7 @@ def sampling_fields(f: Fields, vocab_size: int) -> dict:
             f"stop must be a string or an array of strings, got {_show(stop)}", "stop"
         )
     kw["stop"] = stop
-    kw["stop_token_ids"] = _token_ids(f, "stop_token_ids", vocab_size)
+    kw["stop_token_ids"] = token_id_list(f, "stop_token_ids", vocab_size)
     kw["logit_bias"] = _logit_bias(f, vocab_size)
     return {k: v for k, v in kw.items() if v is not None}
 

@@ -109,7 +109,14 @@ class APIServer:
     def _serve(self, front: Frontend, engine, llm: LLM | None = None) -> None:
         engine = AsyncEngine(engine, asyncio.get_running_loop(), self.state.metrics.observe)
         engine.start()
-        self.state.ctx = ServingContext(front, engine, self.state.model_name, llm)
+        cap = self.config.default_max_tokens
+        self.state.ctx = ServingContext(
+            front, engine, self.state.model_name, llm, default_max_tokens=cap
+        )
+        log.info(
+            "chat requests without max_tokens generate up to %s",
+            f"{cap} tokens" if cap else f"the rest of the {front.max_model_len}-token context",
+        )
         if not self.loaded.done():
             self.loaded.set_result(None)
 

@@ -145,6 +145,8 @@ def test_integers_take_no_fraction_and_arrays_keep_their_bounds():
             },
             "nodes",
         ),
+        ({"enum": ["x" * 60] * 2100}, "too large"),  # members count with their length
+        ({"properties": {f"{i:08}": {} for i in range(12000)}}, "too large"),  # and names
     ],
 )
 def test_bad_schemas_say_why(schema, message):

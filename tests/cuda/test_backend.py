@@ -10,7 +10,7 @@ from kipp_core.checkpoint import Checkpoint
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplingParams
 from oracle.qwen3 import forward, load_weights
-from tests.conftest import nmse, rel_err, small_config
+from tests.conftest import logprob_atol, nmse, rel_err, small_config
 
 torch = pytest.importorskip("torch")
 
@@ -114,7 +114,7 @@ def test_kv_budget_too_small_names_sizes(tiny_path):
         r"of 4096 tokens",
     ):
         LLM(str(tiny_path), backend="cuda", num_kv_blocks=1)
-    with pytest.raises(ValueError, match="kv_cache_memory must be like"):
+    with pytest.raises(ValueError, match="kv_cache_memory must be a size like"):
         LLM(str(tiny_path), backend="cuda", kv_cache_memory="lots")
 
 
@@ -331,11 +331,13 @@ def test_graph_staging_serves_scores_logprobs_and_drafts_on_cpu(tiny_path, monke
     a, b = staged.score(prompt, top_n=2)[0], eager.score(prompt, top_n=2)[0]
     assert a[0] is None and b[0] is None
     assert [x.token_id for x in a[1:]] == [x.token_id for x in b[1:]]
-    assert np.allclose([x.logprob for x in a[1:]], [x.logprob for x in b[1:]], atol=1e-5)
+    # padded graph rows and eager rows: float32 sums in other orders (tests.conftest)
+    cfg = staged.config
+    terms = max(cfg.intermediate_size, cfg.hidden_size) + len(prompt) + 12
+    tol = logprob_atol(np.abs(eager.logits(prompt)).max(), terms, cfg.vocab_size)
+    assert np.allclose([x.logprob for x in a[1:]], [x.logprob for x in b[1:]], atol=tol)
     p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     x, y = staged.generate([prompt], p)[0], eager.generate([prompt], p)[0]
     assert x.token_ids == y.token_ids
     xl, yl = x.outputs[0].logprobs, y.outputs[0].logprobs
-    assert len(xl) == 12 and np.allclose(
-        [t.logprob for t in xl], [t.logprob for t in yl], atol=1e-5
-    )
+    assert len(xl) == 12 and np.allclose([t.logprob for t in xl], [t.logprob for t in yl], atol=tol)

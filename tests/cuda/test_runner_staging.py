@@ -10,6 +10,7 @@ import pytest
 
 from kipp_core.backend import PENDING
 from kipp_core.sampling import SamplingParams
+from tests.conftest import f32_paths_atol
 from tests.cuda.test_backend import stand_in_capture
 
 torch = pytest.importorskip("torch")
@@ -233,9 +234,16 @@ def test_large_prefill_buckets_stage_apart_and_equal_eager(staged, llm_factory):
     keys, replay = [], runner._replay
     runner._replay = lambda key, *a: keys.append(key) or replay(key, *a)
     eager = llm_factory("cuda", dtype="float32", block_size=8, enforce_eager=True)
+    cfg = llm.config
     for n in (300, 600):
         ids = [(7 * j) % 5000 + 3 for j in range(n)]
-        assert np.abs(llm.logits(ids) - eager.logits(ids)).max() <= 1e-5
+        got, want = llm.logits(ids), eager.logits(ids)
+        # Two float32 paths (the padded 512/1,024-row graph and the eager 300/600 rows) whose
+        # matmuls block their sums differently: bounded by the longest reduction (the widest
+        # matmul plus the n positions attention sums) and the logits' size, not by one
+        # machine's 1e-5 (an AVX-512 BLAS made it 1.03e-5 at n = 600).
+        terms = max(cfg.intermediate_size, cfg.hidden_size) + n
+        assert np.abs(got - want).max() <= f32_paths_atol(np.abs(want).max(), terms)
         out = llm.generate([ids], GREEDY)[0].token_ids
         assert out == eager.generate([ids], GREEDY)[0].token_ids
     assert ("prefill", 512) in keys and ("prefill", 1024) in keys

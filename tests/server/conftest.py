@@ -66,8 +66,8 @@ class ScriptedBackend:
             time.sleep(SLOW_STEP_S)
         outs = self.inner.execute(batch)
         for inp, out in zip(batch.seqs, outs):
-            if inp.sampler is None:
-                continue
+            if inp.sampler is None or inp.sampler.allowed is not None:
+                continue  # (a structured-outputs mask decides these tokens)
             prompt = self._prompt(inp)
             for name, ids in self._scripts.items():
                 if f"[[script:{name}]]" in prompt:

@@ -268,6 +268,13 @@ def test_json_object_with_thinking_starts_after_think_end(client):
         ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        # OpenAI's 400 (a message without content once generated to the end of the context)
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "system", "content": "s"}, {"role": "assistant"}]},
+            "messages[1].content",
+        ),
+        ({"messages": [{"role": "tool", "content": None}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),

@@ -42,3 +42,9 @@ def check_one_error_line(r: subprocess.CompletedProcess, says: str) -> None:
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and says in errors[0] and "Traceback" not in r.stderr
+
+
+def test_a_model_that_does_not_exist_fails_before_serving():
+    r = serve("--model", "nope", "--backend", "oracle")
+    check_one_error_line(r, "unknown model")
+    assert "serving" not in r.stderr  # it once announced the server first

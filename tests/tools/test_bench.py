@@ -200,3 +200,29 @@ def test_context_lens_past_max_model_len_exit_2(tiny_path, capsys):
     argv = ["bench", "--model", str(tiny_path), "--backend", "oracle", "--context-lens", "5000"]
     assert main([*argv, "--gen-len", "2", "--repeats", "1", "--no-warmup"]) == 2
     assert "--context-lens 5000 is past max_model_len 4096" in capsys.readouterr().err
+
+
+def test_a_cpu_run_of_a_kernel_backend_is_refused_before_it_runs(
+    tiny_path, capsys, no_fallbacks, monkeypatch
+):
+    """--backend mlx on a CPU falls back to its kernels' references: refused after one warm-up
+    step (not after the whole benchmark), in one line that offers --allow-fallback, which
+    records the run labelled as a fallback run."""
+    pytest.importorskip("mlx")
+    import mlx.core as mx
+
+    if mx.default_device() == mx.gpu:
+        pytest.skip("a GPU runs the MLX kernels")
+    from kipp_core import bench
+
+    ran, real = [], bench.run_benchmarks
+    monkeypatch.setattr(bench, "run_benchmarks", lambda *a: ran.append(1) or real(*a))
+    bench_args = ["--batch-sizes", "1", "--prompt-len", "8", "--gen-len", "2", "--repeats", "1"]
+    argv = ["bench", "--model", str(tiny_path), "--backend", "mlx", *bench_args, "--no-warmup"]
+    assert main(argv) == 2
+    assert not ran
+    err = capsys.readouterr().err
+    assert "refusing to record" in err and "--allow-fallback" in err
+    assert main([*argv, "--allow-fallback"]) == 0
+    out = capsys.readouterr().out
+    assert "FALLBACK RUN" in out and "fallback run: kernels ran their reference paths" in out

@@ -155,7 +155,7 @@ def test_piped_stdin_repl(tiny_path, tmp_path):
     stats = re.findall(r"\((\d+) cached, (\d+) computed\)", p.stderr)
     assert len(stats) == 3 and int(stats[0][0]) == 0
     assert int(stats[1][0]) > 0 and int(stats[2][0]) > int(stats[1][0])
-    assert "(thinking off)" in p.stderr and "/reset" in p.stderr  # /bogus prints the help
+    assert "(thinking off)" in p.stderr and "unknown command /bogus" in p.stderr
     msgs = json.loads(saved.read_text())
     assert [m["role"] for m in msgs] == ["user", "assistant"] * 2
     assert msgs[2]["content"] == "What did I say?"
@@ -175,3 +175,27 @@ def test_thinking_2507_turns_open_the_think_block(tiny_path, tmp_path):
     assert text.endswith(
         "<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n<think>\n"
     )
+
+
+def test_an_empty_line_on_a_terminal_does_not_quit(tiny_path, tmp_path, monkeypatch, capsys):
+    """At the prompt, Enter alone does nothing (input() gives ""); only Ctrl-D (EOFError) or
+    /exit quits. Unknown commands say so; /help lists the commands."""
+    from kipp_core.cli import chat
+
+    saved = tmp_path / "conv.json"
+    lines = iter(["", "Hello", "", "   ", "/nope", "/help", f"/save {saved}"])
+
+    def fake_input(prompt=""):
+        line = next(lines, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    args = ["--model", str(tiny_path), "--backend", "oracle", "-n", "4", "--no-think"]
+    assert chat.main(args) == 0
+    msgs = json.loads(saved.read_text())
+    assert [m["role"] for m in msgs] == ["user", "assistant"]
+    err = capsys.readouterr().err
+    assert "unknown command /nope" in err and "/reset  /system" in err

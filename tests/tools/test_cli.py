@@ -67,3 +67,35 @@ def test_bad_arguments_exit_2_with_one_line(args):
     assert "Traceback" not in p.stderr
     lines = [x for x in p.stderr.splitlines() if not x.startswith("kipp: ")]  # log lines
     assert len(lines) == 1 and lines[0].startswith(f"kipp {args[0]}"), p.stderr
+
+
+# Each value the CLI once ran with (or failed on with a traceback, or explained in terms of
+# something else), and the flag its one line must name. Every backend, one message style.
+NAMED = [
+    (("bench", "--repeats", "0"), "--repeats"),  # was an IndexError after loading
+    (("quantize", "--model", "kipp-tiny", "--scheme", "q8_0", "--out", "/proc/kipp/x"), "--out"),
+    (("generate", "hi", "--backend", "oracle", "--kv-cache-memory", "banana"), "--kv-cache-memory"),
+    (("generate", "hi", "--backend", "cuda", "--kv-cache-memory", "2.5"), "--kv-cache-memory"),
+    (("generate", "hi", "--max-model-len", "0"), "--max-model-len"),  # ran
+    (("generate", "hi", "--max-model-len", "-5"), "--max-model-len"),  # "need num_blocks > 0"
+    (("generate", "hi", "--backend", "oracle", "-tp", "4"), "--tensor-parallel"),  # ran
+    (("chat", "--backend", "mlx", "--tensor-parallel", "2"), "--tensor-parallel"),
+    (("generate", "hi", "--system", "be brief"), "--system"),  # ignored without --chat
+    (("generate", "hi", "--no-think"), "--no-think"),
+    (("serve", "--max-body-mb", "0"), "--max-body-mb"),
+    (("serve", "--default-max-tokens", "-1"), "--default-max-tokens"),
+    (("ppl", "--file", __file__, "--stride", "0"), "--stride"),
+    (
+        ("generate", "hi", "--speculative", "ngram", "--speculative-model", "x"),
+        "--speculative-model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "flag"), NAMED, ids=[" ".join(a) for a, _ in NAMED])
+def test_every_bad_value_names_its_flag(args, flag):
+    p = kipp(*args)
+    assert p.returncode == 2, p.stderr
+    lines = [x for x in p.stderr.splitlines() if not x.startswith("kipp: ")]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith(f"kipp {args[0]}: error: argument {flag}"), lines[0]

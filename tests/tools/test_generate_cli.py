@@ -73,3 +73,31 @@ def test_bad_input_exits_2_with_one_line(name):
     assert len(lines) == 1 and lines[0].startswith("kipp generate"), p.stderr
     if name == "too long":
         assert "context holds 4096" in lines[0]
+
+
+def test_kipp_tiny_says_its_weights_are_random_and_stays_short(tiny_path):
+    """The embedded default writes gibberish: one stderr note says why (and --help does), and
+    without --max-tokens it writes 32 tokens, not 256."""
+    from kipp_core.cli.generate import TINY_MAX_TOKENS
+
+    p = kipp("generate", "Write a haiku", "--json", "--backend", "oracle", "--ignore-eos")
+    assert p.returncode == 0, p.stderr
+    notes = [x for x in p.stderr.splitlines() if "random weights" in x]
+    assert len(notes) == 1 and notes[0].startswith("kipp: kipp-tiny")
+    assert len(json.loads(p.stdout)["token_ids"]) == TINY_MAX_TOKENS == 32
+    assert "random weights" in " ".join(kipp("generate", "--help").stdout.split())
+
+
+def test_a_prompt_from_stdin_loses_the_newline_echo_adds(tiny_path):
+    from kipp_core.tokenizer import Tokenizer
+
+    p = kipp("generate", "--json", "-n", "1", "--backend", "oracle", stdin="Once upon a time\n")
+    assert json.loads(p.stdout)["prompt_token_ids"] == Tokenizer(tiny_path).encode(
+        "Once upon a time"
+    )
+
+
+def test_backend_auto_says_which_it_picked():
+    p = kipp("generate", "hi", "-n", "1", "--backend", "auto")
+    assert p.returncode == 0, p.stderr
+    assert "kipp: backend auto: " in p.stderr

@@ -107,3 +107,27 @@ def test_backend_ppl_equals_transformers(backend, tiny_path, reference):
     ref_ppl, ref_ids = reference
     r = perplexity(llm, llm.tokenizer.encode(TEXT), CTX, STRIDE)
     assert abs(r.perplexity - ref_ppl) <= 1e-4 * ref_ppl
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "says"),
+    [
+        ("", [], "--file"),  # no tokens
+        ("   \n", [], "--file"),
+        ("hello world " * 20, ["--ctx", "8192"], "--ctx"),  # kipp-tiny holds 4,096
+    ],
+)
+def test_what_kipp_ppl_rejects_it_rejects_before_loading(
+    tmp_path, text, args, says, monkeypatch, capsys
+):
+    from kipp_core.cli import ppl
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(ppl, "load_llm", no_load)
+    f = tmp_path / "t.txt"
+    f.write_text(text)
+    assert main(["ppl", "--file", str(f), "--backend", "oracle", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"kipp ppl: error: argument {says}"), err

@@ -10,11 +10,11 @@ import random
 import numpy as np
 import pytest
 
+from kipp_core.json_constraint import TokenTable
 from kipp_core.registry import IM_END_ID
-from kipp_core.server.json_constraint import TokenTable
-from kipp_core.server.tool_constraint import ToolCallConstraint
 from kipp_core.server.tool_parser import parse_tool_calls
 from kipp_core.tokenizer import Tokenizer
+from kipp_core.tool_constraint import ToolCallConstraint
 
 VOCAB = 151936
 NAMES = ["get_weather", "get_time", "météo"]

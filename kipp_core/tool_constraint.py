@@ -6,8 +6,7 @@ After the prompt's forced `<tool_call>\\n`, the output must read
 them), then one JSON object (the json_object masks of json_constraint.py), then `}\\n`, the
 `</tool_call>` token and a stop token. For a named function the prompt forces the opening up to
 `"arguments": ` too (`opened`), and the output starts at the JSON object. Fixed text is matched
-token by token without spilling past its end, so each part starts at a token boundary. Logprobs
-still come from the unmasked logits (constrained_backend.py).
+token by token without spilling past its end, so each part starts at a token boundary.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kipp_core.server.json_constraint import JsonConstraint, TokenTable
+from kipp_core.json_constraint import JsonConstraint, TokenTable
 
 _NAME, _ARGS, _CLOSE, _END_TOKEN, _STOP = range(5)
 _CLOSING = "}\n"
