@@ -23,7 +23,8 @@
 # Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
 # A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
 set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1
 export KIPP_HOME=${KIPP_HOME:-/tmp/kipp} KIPP_CUDA_REQUIRE_KERNELS=1
 # NVLink multicast off: the fused TP=2 all-reduce and NCCL then take the plain peer path
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

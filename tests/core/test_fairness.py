@@ -28,15 +28,21 @@ def test_a_stream_beside_n_128_within_3x_of_alone(llm_factory):
     engine, tok = llm.engine, llm.tokenizer
     ids = tok.encode("a victim stream")
     _victim(engine, ids)  # warm
-    alone, want = min(_victim(engine, ids) for _ in range(2))
-    engine.add_request("big", tok.encode("tell me a long story"), BIG, delta=True)
-    for _ in range(3):
+    # Alone and beside in turns, the best of each: a shared, loaded host slows either run, not
+    # the ratio of the best ones.
+    alone, beside = [], []
+    for i in range(2):
+        t, want = _victim(engine, ids)
+        alone.append(t)
+        engine.add_request(f"big{i}", tok.encode("tell me a long story"), BIG, delta=True)
+        for _ in range(3):
+            engine.step()
+        t, got = _victim(engine, ids)
+        beside.append(t)
+        engine.abort_request(f"big{i}")
         engine.step()
-    beside, got = _victim(engine, ids)
-    engine.abort_request("big")
-    engine.step()
-    assert got == want
-    assert beside < 3 * alone, (alone, beside)
+        assert got == want
+    assert min(beside) < 3 * min(alone), (alone, beside)
 
 
 def test_the_share_is_whole_for_one_request(llm_factory):
