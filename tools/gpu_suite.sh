@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
-#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|serve|all
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|serve|vllm|all
 #   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
 #   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
 #   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
@@ -16,9 +16,9 @@
 #               0.6B and 8B, bf16 and affine4, batch-1 prefill of 2,048 and decode after 2,048
 #               and 128 tokens; 8B bf16 64 x 128; 0.6B 256-request throughput
 #   serve       0.6B `kipp serve` (defaults) under 256 concurrent streams of kipp bench serve, a
-#               Poisson sweep at 10, 20 and 40 requests/s, then `vllm serve` (VLLM_SITE: its
-#               unpacked tree) on the same workload, then offline LLM.generate at kipp serve's
-#               KV budget; each engine alone on the GPU, one after the other
+#               Poisson sweep at 10, 20 and 40 requests/s, then offline LLM.generate on the same
+#               workload at kipp serve's KV budget
+#   vllm        `vllm serve` (VLLM_SITE: its unpacked tree) under serve's 256 streams
 #   all         env, tests, decode, prefill, throughput (and tp where two GPUs are visible)
 # Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
 # A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
@@ -171,34 +171,36 @@ serve() {
   grep -E "KV budget|engine process" "$OUT/kipp_serve.log" | cut -c1-220
   load "http://127.0.0.1:$port" serve_kipp06
   step "kipp serve 0.6B, Poisson arrivals"
-  load "http://127.0.0.1:$port" serve_kipp06_poisson --num-requests 96 --sweep-rates 10,20,40 \
+  load "http://127.0.0.1:$port" serve_kipp06_poisson --num-requests 64 --sweep-rates 10,20,40 \
     --seed 1
   kill -TERM $pid; wait $pid
   local budget
   budget=$(grep -oE "KV budget [0-9.]+ GiB" "$OUT/kipp_serve.log" | grep -oE "[0-9.]+" | head -1)
-  if [ -n "${VLLM_SITE:-}" ]; then
-    step "vllm serve 0.6B (dummy weights), defaults"
-    (
-      export PYTHONPATH=$VLLM_SITE PATH=$VLLM_SITE/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 \
-        VLLM_USE_DEEP_GEMM=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CACHE_ROOT=/tmp/vllm_c \
-        TRITON_CACHE_DIR=/tmp/vllm_t TORCHINDUCTOR_CACHE_DIR=/tmp/vllm_i XDG_CACHE_HOME=/tmp/vx
-      python "$VLLM_SITE/vc_smoke/make_dummy_qwen3.py" /tmp/vq06 --size 0.6b > /dev/null
-      exec vllm serve /tmp/vq06 --load-format dummy --dtype bfloat16 --max-model-len 4096 \
-        --served-model-name m --port 8124
-    ) > "$OUT/vllm_serve.log" 2>&1 &
-    local vpid=$!
-    if wait_up http://127.0.0.1:8124 300; then
-      grep -iE "KV cache|GPU KV|memory" "$OUT/vllm_serve.log" | head -3 | cut -c1-200
-      load http://127.0.0.1:8124 serve_vllm06
-    else
-      tail -8 "$OUT/vllm_serve.log"
-    fi
-    kill -TERM $vpid 2>/dev/null; wait $vpid 2>/dev/null; sleep 3
-  fi
   step "offline LLM.generate, the same workload at kipp serve's KV budget (${budget} GiB)"
   bench --model "$ck" --backend cuda --batch-sizes 1 --prompt-len 16 --gen-len 8 \
     --num-requests 256 --min-len 100 --max-len 1024 --kv-cache-memory "${budget}GiB" \
     --json "$OUT/offline06.json" 2>&1 | grep -E "hroughput"
+}
+
+vllm_serve() {  # vllm serve 0.6B (dummy weights, its defaults) under the workload of `serve`
+  [ -n "${VLLM_SITE:-}" ] || { echo "vllm: set VLLM_SITE to vLLM's unpacked tree"; return 1; }
+  step "vllm serve 0.6B (dummy weights), defaults"
+  (
+    export PYTHONPATH=$VLLM_SITE PATH=$VLLM_SITE/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 \
+      VLLM_USE_DEEP_GEMM=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CACHE_ROOT=/tmp/vllm_c \
+      TRITON_CACHE_DIR=/tmp/vllm_t TORCHINDUCTOR_CACHE_DIR=/tmp/vllm_i XDG_CACHE_HOME=/tmp/vx
+    python "$VLLM_SITE/vc_smoke/make_dummy_qwen3.py" /tmp/vq06 --size 0.6b > /dev/null
+    exec vllm serve /tmp/vq06 --load-format dummy --dtype bfloat16 --max-model-len 4096 \
+      --served-model-name m --port 8124
+  ) > "$OUT/vllm_serve.log" 2>&1 &
+  local vpid=$!
+  if wait_up http://127.0.0.1:8124 300; then
+    grep -iE "KV cache|GPU KV|memory" "$OUT/vllm_serve.log" | head -3 | cut -c1-200
+    load http://127.0.0.1:8124 serve_vllm06
+  else
+    tail -8 "$OUT/vllm_serve.log"
+  fi
+  kill -TERM $vpid 2>/dev/null; wait $vpid 2>/dev/null
 }
 
 case "${1:-}" in
@@ -211,12 +213,13 @@ tp) env_info; tp ;;
 kernels) env_info; kernels ;;
 mlx) env_info; mlx ;;
 serve) env_info; serve ;;
+vllm) env_info; vllm_serve ;;
 all)
   env_info; tests; decode; prefill; throughput
   if [ "$(gpus)" -ge 2 ]; then tp; fi
   ;;
 *)
-  sed -n 2,24p "$0" | cut -c3-
+  sed -n 2,25p "$0" | cut -c3-
   exit 2
   ;;
 esac
