@@ -131,12 +131,13 @@ mlx() {
   python -c "import mlx.core as mx; assert mx.default_device() == mx.gpu, 'MLX runs on the CPU'" \
     || return 1
   step "MLX GPU tests, kernels required"
-  KIPP_MLX_REQUIRE_KERNELS=1 python -m pytest -q -p no:cacheprovider -n 8 --timeout 300 \
+  KIPP_MLX_REQUIRE_KERNELS=1 python -m pytest -q -p no:cacheprovider -n 12 --timeout 300 \
     tests/mlx/test_kernels_gpu.py tests/mlx/test_gpu_gates.py 2>&1 | tee "$OUT/tests_mlx.log" \
     | tail -6
-  for shape in 0.6b 8b; do
-    for q in none affine4; do mlx_bench "$shape" "$q" 2048 1; done
-  done
+  mlx_bench 8b affine4 2048 1
+  mlx_bench 8b none 2048 1
+  mlx_bench 0.6b none 2048 1
+  mlx_bench 0.6b affine4 2048 1
   mlx_bench 0.6b none 128 1
   mlx_bench 8b affine4 128 1
   mlx_bench 8b none 128 64 --kv-cache-memory 16GiB
