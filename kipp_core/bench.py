@@ -107,7 +107,7 @@ def measure_throughput(
     workload `kipp bench serve` sends a server with the same seed (kipp_core.workload).
     `warmup` requests of the same kind (at most 16 tokens out) run first, untimed: they compile
     the Triton kernel variants that mixed prefill and decode steps of random lengths first meet,
-    which vLLM does at start-up (about 2 s of a 0.6B run on the H200, BENCHMARKS.md)."""
+    which vLLM does at start-up (about 2 s of a 0.6B run on the H200, benchmarks/LOG.md)."""
     lens = (min_len, max_len)
     if warmup:
         items = random_workload(warmup, lens, lens, seed, warmup=True)

@@ -1,4 +1,4 @@
-"""Shared fixtures. kipp-tiny and test checkpoints are built once per session from seeds."""
+"""Shared fixtures. kipp-tiny and test checkpoints are built once per test run from seeds."""
 
 from __future__ import annotations
 

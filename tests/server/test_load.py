@@ -78,7 +78,7 @@ def _server_errors(server) -> float:
 
 
 def test_64_streams_with_random_disconnects(server):
-    errors_before = _server_errors(server)  # the session's server may have failed on purpose
+    errors_before = _server_errors(server)  # the shared server fixture may have failed on purpose
     results, peak = asyncio.run(_run(server))
     assert all(r["status"] == 200 for r in results)
     dropped = [r for r in results if r.get("dropped")]
