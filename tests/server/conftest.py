@@ -178,3 +178,15 @@ def unread_stream(port: int, body: dict) -> socket.socket:
         + data
     )
     return s
+
+
+async def sse_events(session, url: str, body: dict) -> tuple[bool, list[dict]]:
+    """POST a streaming /v1/completions `body`: (whether [DONE] came, the events before it)."""
+    events, done = [], False
+    async with session.post(url + "/v1/completions", json={**body, "stream": True}) as r:
+        async for line in r.content:
+            if line.startswith(b"data: [DONE]"):
+                done = True
+            elif line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+    return done, events

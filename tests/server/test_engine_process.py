@@ -24,6 +24,7 @@ from openai import OpenAI
 
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplingParams
+from tests.server.conftest import sse_events
 
 
 def serve(*args: str):
@@ -51,15 +52,8 @@ BODY = {"prompt": "process", "max_tokens": 300, "ignore_eos": True, "temperature
 
 
 async def _stream(url) -> tuple[bool, list]:
-    events, done = [], False
     async with aiohttp.ClientSession() as s:
-        async with s.post(url + "/v1/completions", json={**BODY, "stream": True}) as r:
-            async for line in r.content:
-                if line.startswith(b"data: [DONE]"):
-                    done = True
-                elif line.startswith(b"data: "):
-                    events.append(json.loads(line[6:]))
-    return done, events
+        return await sse_events(s, url, BODY)
 
 
 def _status(url: str, path: str, body: dict | None = None) -> tuple[int, dict]:

@@ -5,7 +5,6 @@ code is 0; a second signal exits at once."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -17,7 +16,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from tests.server.conftest import unread_stream
+from tests.server.conftest import sse_events, unread_stream
 
 
 def serve(*args: str) -> tuple[subprocess.Popen, str]:
@@ -43,13 +42,7 @@ BODY = {"prompt": "drain", "max_tokens": 400, "ignore_eos": True, "temperature":
 
 
 async def _stream(s, url) -> str:
-    events, done = [], False
-    async with s.post(url + "/v1/completions", json={**BODY, "stream": True}) as r:
-        async for line in r.content:
-            if line.startswith(b"data: [DONE]"):
-                done = True
-            elif line.startswith(b"data: "):
-                events.append(json.loads(line[6:]))
+    done, events = await sse_events(s, url, BODY)
     assert done, "a cut stream"
     if "error" in events[-1]:
         return "error event"
