@@ -20,6 +20,9 @@ class QueueFullError(RuntimeError):
     """The waiting queue is full; the server answers 429."""
 
 
+SERIAL_STEP_SEQS = 4  # sequences a step for one request alone on a serial backend (_share)
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 256
@@ -149,15 +152,18 @@ class Scheduler:
 
     def _share(self, hold, only) -> int | None:
         """With serial_seqs: the sequences each request may run this step, the fewest any active
-        request has (the running ones, and the next to admit), so that every request gets an
-        equal share of the step's time; None with one request."""
+        request has (running or waiting), so that every request gets an equal share of the
+        step's time; SERIAL_STEP_SEQS for one request alone."""
         if only is not None:
             return None
         counts: Counter[str] = Counter(s.request_id for s in self.running if not (hold and hold(s)))
-        if self.waiting:
-            head = self.waiting[0].request_id
-            counts[head] += sum(1 for s in self.waiting if s.request_id == head)
-        return min(counts.values()) if len(counts) > 1 else None
+        counts.update(s.request_id for s in self.waiting)  # a waiting one passes a full share
+        if len(counts) > 1:
+            return min(counts.values())
+        # One request alone still runs at most SERIAL_STEP_SEQS sequences a step: a request that
+        # arrives while that step runs (the server's engine thread) waits for a short step, not
+        # one of its n = 128; the serial backend's time is the same either way.
+        return SERIAL_STEP_SEQS if counts else None
 
     def _preempt(self, seq: Sequence) -> None:
         self.reset(seq)

@@ -48,7 +48,19 @@ def test_a_stream_beside_n_128_within_3x_of_alone(llm_factory):
 def test_the_share_is_whole_for_one_request(llm_factory):
     llm = llm_factory("oracle")
     engine = llm.engine
-    engine.add_request("big", [1, 2, 3], SamplingParams(n=8, max_tokens=2, ignore_eos=True))
-    assert len(engine.scheduler.schedule()) == 8
+    engine.add_request("big", [1, 2, 3], SamplingParams(n=3, max_tokens=2, ignore_eos=True))
+    assert len(engine.scheduler.schedule()) == 3
+    engine.abort_request("big")
+    engine.step()
+
+
+def test_one_request_alone_runs_at_most_a_short_step(llm_factory):
+    """So that a request arriving during the step waits for a short one (SERIAL_STEP_SEQS)."""
+    from kipp_core.scheduler import SERIAL_STEP_SEQS
+
+    llm = llm_factory("oracle")
+    engine = llm.engine
+    engine.add_request("big", [1, 2, 3], SamplingParams(n=40, max_tokens=2, ignore_eos=True))
+    assert len(engine.scheduler.schedule()) == SERIAL_STEP_SEQS == 4
     engine.abort_request("big")
     engine.step()

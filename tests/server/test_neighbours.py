@@ -1,6 +1,7 @@
 """A request never slows its neighbours: a client reading one byte a second beside 32 fast ones
 (the fast ones finish as if alone, the slow one's memory stays bounded), a huge prompt beside a
-small request (the small one answered first, delayed by at most 100 ms by a 15 MB body), and the
+small request (the small one answered first, delayed by at most 100 ms by a 15 MB body), a
+20-token stream sent while an n = 128 request is mid-step (within 3x of its time alone), and the
 access log's line per request."""
 
 from __future__ import annotations
@@ -101,6 +102,42 @@ def test_a_huge_prompt_beside_a_small_request(server, kind):
     alone, beside, order = asyncio.run(_small_beside_huge(server.url, huge))
     assert order[0] == "small" and order[-1] == "huge 400", order
     assert beside - alone < 0.1, (alone, beside)
+
+
+VICTIM = {"prompt": "victim", "max_tokens": 20, "ignore_eos": True, "temperature": 0}
+BIG = {"prompt": "a long story", "max_tokens": 400, "n": 128, "ignore_eos": True, "stream": True}
+
+
+async def _victim_beside_big(url: str) -> float:
+    async with aiohttp.ClientSession() as s:
+        big = asyncio.ensure_future(_timed(s, url, BIG))
+        await asyncio.sleep(1.0)  # the big request is stepping: the victim lands mid-step
+        try:
+            return await _timed(s, url, VICTIM)
+        finally:
+            big.cancel()  # the client leaves: the server aborts its 128 sequences
+
+
+def test_a_stream_sent_while_n_128_steps(server):
+    """On the oracle a step costs the sum of its sequences. The victim waits for the step in
+    flight, which holds at most scheduler.SERIAL_STEP_SEQS (4) sequences, not 128 (it took 5.9x
+    its time alone when the step held them all); then the fair share gives each request one row a
+    step. Bound: a step of both rows costs 1 + r victim rows, r the big row's cost (up to 1.8 on
+    kipp-tiny, its context being longer), so (1 + 1.8) + 4 x 1.8 / 21 steps = 3.1x, and the HTTP
+    path beside a streaming neighbour and a loaded 2-core host add up to half again: 5x.
+    Alone and beside in turns, best of each."""
+
+    async def alone() -> float:
+        async with aiohttp.ClientSession() as s:
+            return await _timed(s, server.url, VICTIM)
+
+    asyncio.run(alone())  # warm
+    t_alone, t_beside = [], []
+    for _ in range(2):
+        t_alone.append(asyncio.run(alone()))
+        t_beside.append(asyncio.run(_victim_beside_big(server.url)))
+        wait_idle(server)
+    assert min(t_beside) < 5 * min(t_alone), (t_alone, t_beside)
 
 
 def test_the_access_log_line(tiny_path, caplog):
