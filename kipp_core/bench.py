@@ -419,12 +419,17 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_no_fallbacks(allow: bool = False) -> list[str]:
-    """The kernels that fell back to their reference paths in this process; unless `allow`
-    (--allow-fallback: the run is recorded, labelled as one), a ValueError listing them."""
+def check_no_fallbacks(allow: bool = False, backend: str | None = None) -> list[str]:
+    """The kernels of `backend` (default: every backend) that fell back to their reference
+    paths in this process; unless `allow` (--allow-fallback: the run is recorded, labelled as
+    one), a ValueError listing them."""
     from kipp_core.fastpath import fallbacks
 
-    fb = [f"{b}/{k}: {why}" for (b, k), why in sorted(fallbacks().items())]
+    fb = [
+        f"{b}/{k}: {why}"
+        for (b, k), why in sorted(fallbacks().items())
+        if backend is None or b == backend
+    ]
     if fb and not allow:
         raise ValueError(
             f"refusing to record: kernels fell back to reference paths ({'; '.join(fb)}); "

@@ -27,18 +27,18 @@ def free(monkeypatch):
 def test_8b_at_131k_gets_one_full_context(free):
     assert kv_cache.bytes_per_block(CFG_8B, 32, torch.bfloat16, None) == 32 * 144 * 2**10
     free(120 * GiB)  # an H200 after the 8B's weights
-    n, budget = kv_cache.num_blocks_for(None, CFG_8B, 32, torch.bfloat16, None, GPU)
-    assert budget == 16 * GiB and n * 32 < 131072  # the cap alone falls short
-    n, budget = kv_cache.num_blocks_for(
-        None, CFG_8B, 32, torch.bfloat16, None, GPU, min_tokens=131072
-    )
-    assert n * 32 == 131072 and budget == 18 * GiB
+    kv = kv_cache.num_blocks_for(None, CFG_8B, 32, torch.bfloat16, None, GPU)
+    per = 32 * 144 * 2**10
+    assert kv.num_blocks == 16 * GiB // per and kv.num_blocks * 32 < 131072  # the cap falls short
+    kv = kv_cache.num_blocks_for(None, CFG_8B, 32, torch.bfloat16, None, GPU, min_tokens=131072)
+    assert kv.num_blocks * 32 == 131072 and kv.nbytes == 18 * GiB
+    assert "one context of 131,072 tokens" in kv.why
 
 
 def test_no_growth_past_free_memory_or_an_explicit_budget(free):
     free(19 * GiB)  # 90% of it is 17.1 GiB: no room for 18
-    n, _ = kv_cache.num_blocks_for(None, CFG_8B, 32, torch.bfloat16, None, GPU, min_tokens=131072)
-    assert n * 32 < 131072
+    kv = kv_cache.num_blocks_for(None, CFG_8B, 32, torch.bfloat16, None, GPU, min_tokens=131072)
+    assert kv.num_blocks * 32 < 131072
     free(120 * GiB)
-    n, budget = kv_cache.num_blocks_for("4GiB", CFG_8B, 32, torch.bfloat16, None, GPU, 1, 131072)
-    assert budget == 4 * GiB
+    kv = kv_cache.num_blocks_for("4GiB", CFG_8B, 32, torch.bfloat16, None, GPU, min_tokens=131072)
+    assert kv.num_blocks == 4 * GiB // (32 * 144 * 2**10)
