@@ -178,7 +178,9 @@ def parse_tools(f: Fields) -> tuple[list[dict], str | dict]:
     kind = choice.get("type")
     if kind == "tool" and isinstance(choice.get("name"), str):
         return tools, tool_choice({"name": choice["name"]}, tools)
-    normal = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+    normal = {"auto": "auto", "any": "required", "none": "none"}.get(
+        kind if isinstance(kind, str) else None
+    )
     if normal is None:
         raise bad_request("tool_choice.type must be 'auto', 'any', 'tool' (with a name) or 'none'")
     return tools, tool_choice(normal, tools)

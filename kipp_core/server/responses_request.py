@@ -93,6 +93,20 @@ def _content(content, where: str) -> str:
     return "\n".join(texts)
 
 
+def _reasoning(item: dict, where: str) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary's text."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise bad_request(f"{where}.content must be an array of parts", "input")
+    texts = []
+    for j, part in enumerate(parts):
+        text = part.get("text") if isinstance(part, dict) else None
+        if not isinstance(text, str) or part.get("type") not in ("reasoning_text", "summary_text"):
+            raise bad_request(f"{where}.content[{j}] must be a reasoning_text part", "input")
+        texts.append(text)
+    return "\n".join(texts)
+
+
 def _string(item: dict, key: str, where: str) -> str:
     v = item.get(key)
     if not isinstance(v, str):
@@ -119,7 +133,8 @@ def parse_input(f: Fields) -> list[dict]:
         kind = item.get("type", "message")
         last = out[-1] if out and out[-1]["role"] == "assistant" else None
         if kind == "message":
-            role = ROLES.get(item.get("role"))
+            role = item.get("role")
+            role = ROLES.get(role) if isinstance(role, str) else None
             if role is None:
                 raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", "input")
             out.append({"role": role, "content": _content(item.get("content"), where)})
@@ -142,8 +157,7 @@ def parse_input(f: Fields) -> list[dict]:
             call_id = _string(item, "call_id", where)
             out.append({"role": "tool", "content": text, "tool_call_id": call_id})
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            reasoning = _content(parts, where) if parts else ""
+            reasoning = _reasoning(item, where)
             continue
         elif kind == "item_reference":
             raise bad_request(f"{where}: item_reference needs stored items; {NO_STATE}", "input")
@@ -207,7 +221,7 @@ def _thinking(f: Fields) -> tuple[bool, int | None]:
     effort = f.mapping("reasoning", {}).get("effort")
     if effort is None:
         return True, None
-    if effort not in EFFORT_BUDGETS:
+    if not isinstance(effort, str) or effort not in EFFORT_BUDGETS:
         raise bad_request(
             f"reasoning.effort must be one of {', '.join(EFFORT_BUDGETS)}", "reasoning.effort"
         )
