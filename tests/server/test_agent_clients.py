@@ -248,7 +248,7 @@ def test_output_format_holds_the_answer_to_the_schema(claude):
 # -- Responses ---------------------------------------------------------------------------------
 
 
-def _items(r) -> dict[str, str]:
+def items(r) -> dict[str, str]:
     kinds = [i.type for i in r.output]
     assert kinds in (["reasoning", "message"], ["message"]), kinds
     out = {"message": r.output_text}
@@ -266,7 +266,7 @@ def test_responses_reasoning_and_text_stay_apart(oai, offline, reasoning, budget
     kw = dict(model="kipp-tiny", input="Weather in Paris?", max_output_tokens=11, temperature=0)
     think, text = expected(offline, USER, budget, 11)
     r = oai.responses.create(**kw, **extra)
-    assert _items(r) == ({"reasoning": think, "message": text} if think else {"message": text})
+    assert items(r) == ({"reasoning": think, "message": text} if think else {"message": text})
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 11 and r.usage.input_tokens == len(prompt_ids(offline, USER))
     assert r.usage.output_tokens_details.reasoning_tokens == budget + 2  # and "\n</think>"
@@ -278,7 +278,7 @@ def test_responses_reasoning_and_text_stay_apart(oai, offline, reasoning, budget
         if e.type in deltas:
             deltas[e.type] += e.delta
     assert list(deltas.values()) == [think, text]
-    assert _items(events[-1].response) == _items(r)
+    assert items(events[-1].response) == items(r)
 
 
 def test_function_call_round_trip(oai, offline):
