@@ -109,10 +109,7 @@ class _Response:
             if c.index in self.done:
                 continue
             parser = self.parsers[c.index]
-            deltas = parser.feed(c.text_delta)
-            if c.finished:
-                deltas += parser.finish()
-            mine = [self._chunk(c.index, _chat_delta(d)) for d in deltas]
+            mine = [self._chunk(c.index, _chat_delta(d)) for d in parser.read(c)]
             lp = self._logprobs(c.token_ids_delta, c.logprobs_delta) if c.token_ids_delta else None
             if lp is not None:
                 if not mine:  # tokens held back by a parser still report their logprobs

@@ -68,6 +68,11 @@ class OutputParser:
         out, self._held = self._held, []
         return out + self._split(*self._reasoning.feed(text))
 
+    def read(self, c) -> list[Delta]:
+        """The deltas of a CompletionOutput's new text (and of the end, once it finished)."""
+        deltas = self.feed(c.text_delta)
+        return deltas + self.finish() if c.finished else deltas
+
     def finish(self) -> list[Delta]:
         out, self._held = self._held, []
         out += self._split(*self._reasoning.finish())

@@ -146,10 +146,7 @@ class _Message:
 
     def events(self, out, stream) -> list[dict]:
         c = out.outputs[0]
-        deltas = self.parser.feed(c.text_delta)
-        if c.finished:
-            deltas += self.parser.finish()
-        events = [e for d in deltas for e in self._events(d)]
+        events = [e for d in self.parser.read(c) for e in self._events(d)]
         if not c.finished:
             return events
         if self.index < 0:  # nothing came: one empty text block, as the body has

@@ -241,10 +241,7 @@ class _Response:
         c = out.outputs[0]
         self.token_ids += c.token_ids_delta
         self.output += c.text_delta
-        deltas = self.parser.feed(c.text_delta)
-        if c.finished:
-            deltas += self.parser.finish()
-        events = [e for d in deltas for e in self._events(d)]
+        events = [e for d in self.parser.read(c) for e in self._events(d)]
         if not c.finished:
             return events
         events += self._close()

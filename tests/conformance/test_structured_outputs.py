@@ -20,6 +20,7 @@ from kipp_core.structured_outputs import StructuredOutputs
 from kipp_core.tokenizer import Tokenizer
 from kipp_core.tool_constraint import ToolCallConstraint
 from oracle.qwen3 import KVCache, forward, load_weights
+from tests.conformance.conftest import spy_batches
 
 SCHEMA = {
     "type": "object",
@@ -89,11 +90,7 @@ def test_constrained_tokens_equal_the_masked_reference(
     cheap = backend == "cuda"
     params = [_params(so, cheap, tok) for so in (StructuredOutputs(json_schema=SCHEMA), tools)]
     free = SamplingParams(temperature=0, max_tokens=8 if cheap else 20, ignore_eos=True)
-    batches = []
-    backend_ = llm.engine.backend
-    run = getattr(backend_, "execute_async", None) if async_scheduling else None
-    if run is not None:
-        backend_.execute_async = lambda b: batches.append([s.seq_id for s in b.seqs]) or run(b)
+    batches, run = spy_batches(llm, async_scheduling)
     outs = llm.generate([prompt, prompt, prompt[:-1]], params + [free])
     for o, p, make in zip(outs, params, constraints):
         want, want_lps = _reference(weights, prompt, p, make(), llm.engine.stop_ids(p))

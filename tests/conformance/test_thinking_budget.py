@@ -14,6 +14,7 @@ from kipp_core.checkpoint import Checkpoint
 from kipp_core.sampling import SamplerState, SamplingParams, sample
 from kipp_core.thinking_budget import CLOSING
 from oracle.qwen3 import KVCache, forward, load_weights
+from tests.conformance.conftest import spy_batches
 
 PROMPT = "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think>\n"
 
@@ -60,11 +61,7 @@ def test_budgeted_tokens_equal_the_forced_reference(make_llm, weights, backend, 
         thinking_token_budget=budget,
     )
     free = SamplingParams(temperature=0, max_tokens=8 if cheap else 14, ignore_eos=True)
-    batches = []
-    backend_ = llm.engine.backend
-    run = getattr(backend_, "execute_async", None) if async_scheduling else None
-    if run is not None:
-        backend_.execute_async = lambda b: batches.append([s.seq_id for s in b.seqs]) or run(b)
+    batches, run = spy_batches(llm, async_scheduling)
     outs = llm.generate([prompt, prompt[:-1]], [params, free])
     closing = tok.encode(CLOSING)
     want = _reference(weights, prompt, params, closing, budget)

@@ -149,6 +149,21 @@ def server(tiny_path):
     st.stop()
 
 
+@pytest.fixture(scope="module", name="http")
+def http_connection(server):
+    """A keep-alive connection to the shared server (named `http` in the tests)."""
+    h = Http(server.url)
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_path):
+    from kipp_core.tokenizer import Tokenizer
+
+    return Tokenizer(tiny_path)
+
+
 class Http:
     """A keep-alive HTTP/1.1 connection that returns (status, headers, parsed JSON or text)."""
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.server.conftest import Http, assert_error_body, wait_idle
+from tests.server.conftest import assert_error_body, wait_idle
 from tests.server.test_fuzz import any_json
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -123,13 +123,6 @@ def check_answer(path: str, status: int, body) -> None:
         assert "Traceback" not in body["error"]["message"]
     else:
         assert_error_body(body)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    h = Http(server.url)
-    yield h
-    h.close()
 
 
 @pytest.mark.parametrize("path", list(BODIES))

@@ -11,7 +11,6 @@ import json
 import anthropic
 import pytest
 
-from kipp_core.tokenizer import Tokenizer
 from tests.core.chat_references import jinja_render
 from tests.server.conftest import Http, wait_idle
 
@@ -40,11 +39,6 @@ ADAPTIVE = {"type": "adaptive"}
 @pytest.fixture(scope="module")
 def claude(server):
     return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_path):
-    return Tokenizer(tiny_path)
 
 
 def user(text: str) -> list[dict]:
@@ -334,15 +328,7 @@ BAD = {
 }
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    h = Http(server.url)
-    yield h
-    h.close()
-
-
-def assert_anthropic_error(status: int, body, kind: str = "invalid_request_error") -> None:
-    assert 400 <= status < 500, (status, body)
+def assert_anthropic_error(body, kind: str = "invalid_request_error") -> None:
     assert isinstance(body, dict) and set(body) == {"type", "error"}, body
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
     assert body["error"]["type"] == kind, body
@@ -353,8 +339,8 @@ def assert_anthropic_error(status: int, body, kind: str = "invalid_request_error
 @pytest.mark.parametrize("name", list(BAD))
 def test_malformed_messages_get_anthropics_error(server, http, name):
     status, _, body = http.post("/v1/messages", BAD[name])
-    assert_anthropic_error(status, body)
-    assert status == 400
+    assert status == 400, body
+    assert_anthropic_error(body)
     status, _, body = http.post("/v1/messages", {**VALID, "stream": True})
     assert status == 200  # the server goes on serving
 
@@ -372,6 +358,22 @@ def test_malformed_messages_get_anthropics_error(server, http, name):
 )
 def test_http_errors_have_anthropics_shape(server, http, method, path, body, status, kind):
     got, _, answer = http.request(method, path, body)
-    assert got == status
-    assert_anthropic_error(got, answer, kind)
+    assert got == status, answer
+    assert_anthropic_error(answer, kind)
     wait_idle(server)
+
+
+def test_an_engine_failure_is_anthropics_error_whole_and_streamed(server, claude, http):
+    status, _, body = http.post("/v1/messages", {**VALID, "messages": user("[[fail]]")})
+    assert status == 500
+    assert_anthropic_error(body, "api_error")
+    assert "engine failed" in body["error"]["message"]
+    with pytest.raises(anthropic.APIStatusError) as e:  # an error event, then the stream ends
+        with claude.messages.stream(
+            model="kipp-tiny", max_tokens=4, messages=user("[[fail]]")
+        ) as s:
+            list(s)
+    assert e.value.body["error"]["type"] == "api_error"
+    wait_idle(server)
+    m = claude.messages.create(model="kipp-tiny", max_tokens=2, messages=user("fine"))
+    assert m.stop_reason in ("max_tokens", "end_turn")

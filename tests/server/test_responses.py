@@ -12,9 +12,8 @@ import json
 import openai
 import pytest
 
-from kipp_core.tokenizer import Tokenizer
 from tests.core.chat_references import jinja_render
-from tests.server.conftest import Http, assert_error_body, wait_idle
+from tests.server.conftest import assert_error_body, wait_idle
 
 FUNCTIONS = [
     {
@@ -33,11 +32,6 @@ CHAT_TOOLS = [
 @pytest.fixture(scope="module")
 def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_path):
-    return Tokenizer(tiny_path)
 
 
 def shape(response) -> list[tuple]:
@@ -226,13 +220,6 @@ BAD = {
 }
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    h = Http(server.url)
-    yield h
-    h.close()
-
-
 @pytest.mark.parametrize("name", list(BAD))
 def test_malformed_responses_get_openais_error(server, http, name):
     status, _, body = http.post("/v1/responses", BAD[name])
@@ -244,3 +231,15 @@ def test_malformed_responses_get_openais_error(server, http, name):
     status, _, _ = http.post("/v1/responses", {**VALID, "stream": True})
     assert status == 200  # the server goes on serving
     wait_idle(server)
+
+
+def test_an_engine_failure_fails_the_response(server, oai, http):
+    status, _, body = http.post("/v1/responses", {**VALID, "input": "[[fail]]"})
+    assert status == 500 and "engine failed" in assert_error_body(body)["message"]
+    events = list(oai.responses.create(model="kipp-tiny", input="[[fail]]", stream=True))
+    assert [e.type for e in events][-1] == "response.failed"
+    assert events[-1].response.status == "failed"
+    assert "engine failed" in events[-1].response.error.message
+    wait_idle(server)
+    r = oai.responses.create(model="kipp-tiny", input="fine", max_output_tokens=2)
+    assert r.status == "incomplete"
