@@ -13,7 +13,8 @@ a structured-outputs mask) or that is sure to finish waits instead. Outputs equa
 loop's, token for token.
 
 Structured outputs (structured_output_manager.py): a constrained request joins the scheduler once
-its constraint is made, off this thread; its steps carry their masks (SamplerState.allowed).
+its constraint is made, off this thread; its steps carry their masks (SamplerState.allowed). A
+thinking budget (thinking_budget.py) forces the thought's closing tokens by the same masks.
 
 Single-threaded: the server drives it from one worker thread (kipp_core.server.async_engine).
 """
@@ -36,6 +37,7 @@ from kipp_core.sequence import SeqStatus, Sequence
 from kipp_core.stats import EngineCounters
 from kipp_core.stop import StopMatcher
 from kipp_core.structured_output_manager import StructuredOutputManager
+from kipp_core.thinking_budget import ThinkTokens, Thought
 from kipp_core.tokenizer import Tokenizer
 
 log = logging.getLogger("kipp")
@@ -89,6 +91,7 @@ class LLMEngine:
             self.spec = SpecDecoder(self.config.speculative, self)
         self.stats = EngineCounters()
         self.structured = StructuredOutputManager(tokenizer, self.model_config.vocab_size)
+        self._think: ThinkTokens | None = None  # made at the first thinking budget
         self._async = (
             self.config.async_scheduling and self.spec is None and hasattr(backend, "execute_async")
         )
@@ -118,6 +121,9 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         metrics = RequestMetrics(arrival_time or time.monotonic(), num_prompt_tokens=len(ids))
         states = []
+        budget = params.thinking_token_budget
+        if budget is not None and self._think is None:
+            self._think = ThinkTokens(self.tokenizer, self.model_config.vocab_size)
         for i in range(params.n):
             self._seq_counter += 1
             seq = Sequence(
@@ -138,6 +144,7 @@ class LLMEngine:
                     self.tokenizer.detokenizer(params.skip_special_tokens),
                     StopMatcher(params.stop_strings, params.include_stop_str_in_output),
                     stop_ids=self.stop_ids(params),
+                    thought=None if budget is None else Thought(self._think, budget, ids),
                 )
             )
         req = Request(
@@ -268,6 +275,9 @@ class LLMEngine:
             return True  # the next sample depends on the pending token's value
         if p.structured_outputs is not None:
             return True  # so does the next mask
+        thought = self.thought(seq)
+        if thought is not None and thought.may_force(seq.output_token_ids, seq.num_pending):
+            return True  # the pending token may spend the thinking budget
         made = len(seq.output_token_ids) + seq.num_pending
         return (
             p.max_tokens is not None and made >= p.max_tokens
@@ -311,6 +321,9 @@ class LLMEngine:
             )
             if p.structured_outputs is not None:
                 inp.sampler.allowed = self.structured.mask(seq, inp.sampler.stop_token_ids)
+            thought = req.states[seq.stream].thought
+            if thought is not None:  # a spent thinking budget forces the closing tokens
+                inp.sampler.allowed = thought.mask(seq.output_token_ids, inp.sampler.allowed)
             inp.num_logprobs = p.logprobs
             if start + n_real == seq.num_prompt_tokens and not seq.output_token_ids and n_real:
                 inp.save_hidden = self.block_manager.reserve_end(seq, seq.num_prompt_tokens)
@@ -318,6 +331,11 @@ class LLMEngine:
                 inp.draft_token_ids = list(s.draft_token_ids)
                 inp.draft_probs = drafts[seq.seq_id][1]
         return inp
+
+    def thought(self, seq: Sequence) -> Thought | None:
+        """seq's thought under its thinking budget, or None."""
+        req = self.requests.get(seq.request_id)
+        return None if req is None else req.states[seq.stream].thought
 
     def stop_ids(self, p: SamplingParams) -> tuple[int, ...]:
         return stop_token_set(p, self.eos_token_ids)

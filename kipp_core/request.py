@@ -11,6 +11,7 @@ from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kipp_core.sampling import SamplingParams
 from kipp_core.sequence import Sequence
 from kipp_core.stop import StopMatcher
+from kipp_core.thinking_budget import Thought
 from kipp_core.tokenizer import IncrementalDetokenizer
 
 
@@ -24,6 +25,7 @@ class SeqState:
     delta_ids: list[int] = field(default_factory=list)
     delta_logprobs: list = field(default_factory=list)
     stop_ids: tuple[int, ...] = ()  # the token ids that end it (stop_token_set)
+    thought: Thought | None = None  # under a thinking budget (kipp_core/thinking_budget.py)
 
 
 @dataclass

@@ -122,7 +122,8 @@ class SamplingParams:
     `stop` is normalized to a list of strings and `stop_token_ids` to a list of ints (`[]` for
     None); `logit_bias` keys to ints. `top_k` 0 or -1 means off. `max_tokens=None` means up to the
     context limit. `structured_outputs` holds the output to JSON, a JSON schema or a tool call
-    (kipp_core/structured_outputs.py). Invalid values raise `ValueError` naming the field.
+    (kipp_core/structured_outputs.py). `thinking_token_budget` closes a thought after that many
+    tokens (kipp_core/thinking_budget.py). Invalid values raise `ValueError` naming the field.
     """
 
     n: int = 1
@@ -145,6 +146,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputs | None = None  # kipp_core/structured_outputs.py
+    thinking_token_budget: int | None = None  # kipp_core/thinking_budget.py
 
     def __post_init__(self):
         for name, value in self._validated().items():
@@ -194,6 +196,11 @@ class SamplingParams:
             v["max_tokens"] = _as_int("max_tokens", self.max_tokens)
             if v["max_tokens"] < 1:
                 raise _bad("max_tokens", ">= 1 or None", self.max_tokens)
+        budget = self.thinking_token_budget
+        if budget is not None:
+            v["thinking_token_budget"] = _as_int("thinking_token_budget", budget)
+            if v["thinking_token_budget"] < 0:
+                raise _bad("thinking_token_budget", ">= 0 or None", budget)
         if v["min_tokens"] < 0:
             raise _bad("min_tokens", ">= 0", self.min_tokens)
         if self.max_tokens is not None and v["min_tokens"] > v["max_tokens"]:

@@ -142,11 +142,14 @@ class SpecDecoder:
         return out
 
     def _room(self, s: Sequence) -> int:
-        """Drafts must leave room for the bonus token within max_tokens and the context."""
+        """Drafts must leave room for the bonus token within max_tokens, the context and a
+        thinking budget (no drafts while its closing is forced)."""
         room = self.engine.max_model_len - s.num_tokens - 1
         if s.params.max_tokens is not None:
             room = min(room, s.params.max_tokens - len(s.output_token_ids) - 1)
-        return room
+        thought = self.engine.thought(s)
+        left = None if thought is None else thought.room(s.output_token_ids)
+        return room if left is None else min(room, left)
 
     def record(self, seq: Sequence, num_proposed: int, num_accepted: int) -> None:
         seq.spec_proposed += num_proposed

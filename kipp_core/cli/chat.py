@@ -24,6 +24,7 @@ from kipp_core.chat_template import opens_think
 from kipp_core.cli.common import (
     Parser,
     add_model_args,
+    add_thinking_budget,
     check_model_args,
     load_llm,
     positive_int,
@@ -216,6 +217,7 @@ def build_parser() -> Parser:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--no-think", action="store_true", help="start with thinking off")
     p.add_argument("--hide-thinking", action="store_true", help="do not print the reasoning")
+    add_thinking_budget(p, "each reply's")
     p.add_argument(
         "--max-tokens",
         "-n",
@@ -302,6 +304,8 @@ def main(argv: list[str]) -> int:
         for k in ("temperature", "top_p", "top_k", "seed")
         if getattr(args, k) is not None
     }
+    if args.thinking_budget is not None:
+        sampling["thinking_token_budget"] = args.thinking_budget
     session = ChatSession(llm, args.system, not args.no_think, args.max_tokens, **sampling)
     llm.default_sampling_params(**sampling)  # bad values fail here, not on the first turn
     interactive = sys.stdin.isatty()

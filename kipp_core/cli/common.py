@@ -56,6 +56,17 @@ non_negative_float = number(float, 0)
 port = number(int, 0, 65535)
 
 
+def add_thinking_budget(group, default_of: str) -> None:
+    """--thinking-budget N: the engine closes a thought after N tokens (thinking_budget.py)."""
+    group.add_argument(
+        "--thinking-budget",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help=f"close the thinking after N tokens and answer ({default_of}; default: no budget)",
+    )
+
+
 def kv_memory(text: str):
     """A size with its unit (kept as text) or a fraction of free memory in (0, 1] (a float)."""
     try:

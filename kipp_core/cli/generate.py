@@ -10,6 +10,7 @@ from kipp_core.cli.common import (
     Parser,
     UsageError,
     add_model_args,
+    add_thinking_budget,
     bad,
     check_model_args,
     load_llm,
@@ -58,6 +59,7 @@ def build_parser() -> Parser:
     c.add_argument("--chat", action="store_true", help="render the prompt as one user turn")
     c.add_argument("--system", default=None, help="system prompt (with --chat)")
     c.add_argument("--no-think", action="store_true", help="disable thinking (with --chat)")
+    add_thinking_budget(c, "a thought the prompt or the output opens")
     p.add_argument(
         "--json",
         action="store_true",
@@ -84,6 +86,8 @@ def sampling_overrides(args) -> dict:
             kw[name] = v
     if args.ignore_eos:
         kw["ignore_eos"] = True
+    if args.thinking_budget is not None:
+        kw["thinking_token_budget"] = args.thinking_budget
     return kw
 
 

@@ -1,4 +1,5 @@
-"""`kipp serve`: the OpenAI-compatible HTTP server (kipp_core.server) over one model."""
+"""`kipp serve`: the OpenAI- and Anthropic-compatible HTTP server (kipp_core.server) over one
+model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kipp_core.cli.common import (
     Parser,
     UsageError,
     add_model_args,
+    add_thinking_budget,
     announce,
     check_model_args,
     llm_kwargs,
@@ -37,7 +39,8 @@ EPILOG = """examples:
 def build_parser() -> Parser:
     p = Parser(
         prog="kipp serve",
-        description="Serve a model over OpenAI's /v1/completions and /v1/chat/completions.",
+        description="Serve a model over OpenAI's /v1/completions, /v1/chat/completions and "
+        "/v1/responses, and Anthropic's /v1/messages.",
         epilog=EPILOG,
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
     )
@@ -75,6 +78,7 @@ def build_parser() -> Parser:
         default=None,
         help="cap for chat requests without max_tokens (default: the rest of the context, as vLLM)",
     )
+    add_thinking_budget(s, "of chat requests that set none")
     s.add_argument(
         "--keep-alive-timeout",
         type=positive_float,
@@ -162,6 +166,7 @@ async def _serve(args) -> None:
         access_log=not args.no_access_log,
         allowed_hosts=tuple(h.lower() for h in args.allowed_host),
         default_max_tokens=args.default_max_tokens,
+        default_thinking_budget=args.thinking_budget,
     )
     if args.engine_in_process:
         server = APIServer(config, loader=_loader(args))

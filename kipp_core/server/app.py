@@ -17,7 +17,9 @@ from kipp_core.server.completions import create_completion
 from kipp_core.server.context import STATE, ServerState
 from kipp_core.server.errors import APIError
 from kipp_core.server.http_layer import no_versions
+from kipp_core.server.messages import count_tokens, create_message
 from kipp_core.server.metrics import CONTENT_TYPE, ServerMetrics
+from kipp_core.server.responses import create_response
 from kipp_core.server.streaming import DISCONNECTED, WRITE_TIMEOUT, dumps
 from kipp_core.server.tokenize import detokenize, tokenize
 
@@ -38,8 +40,8 @@ def _http_error(e: web.HTTPException, request: web.Request) -> APIError:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
-    """Every failure becomes an OpenAI error body; each request is counted by status and
-    logged (access_log.py)."""
+    """Every failure becomes an error body (OpenAI's, or Anthropic's under /v1/messages); each
+    request is counted by status and logged (access_log.py)."""
     status = 500
     started = time.monotonic()
     state = request.app[STATE]
@@ -50,20 +52,20 @@ async def errors_middleware(request: web.Request, handler):
         return response
     except APIError as e:
         status = e.status
-        return e.response()
+        return e.response(request.path)
     except EngineFailure as e:
-        return APIError(500, str(e)).response()
+        return APIError(500, str(e)).response(request.path)
     except web.HTTPException as e:
         status = e.status
         if e.status < 400:
             raise
-        return _http_error(e, request).response()
+        return _http_error(e, request).response(request.path)
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # the client went away (nginx's code)
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return APIError(500, "internal server error").response()
+        return APIError(500, "internal server error").response(request.path)
     finally:
         state.inflight -= 1
         route = request.match_info.route.resource
@@ -89,21 +91,28 @@ def _host_allowed(request: web.Request, config) -> bool:
     return "*" in allowed or host in allowed or host.endswith(".localhost")
 
 
+def _same(token: str, key: str) -> bool:
+    return hmac.compare_digest(token.encode("utf-8", "replace"), key.encode())
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    """The API key ('Authorization: Bearer KEY', the scheme in any case); without one, only
-    requests to a loopback or allowed Host name (DNS rebinding)."""
+    """The API key ('Authorization: Bearer KEY', the scheme in any case, or Anthropic's
+    'x-api-key: KEY'; every key sent must be right); without one, only requests to a loopback
+    or allowed Host name (DNS rebinding)."""
     config = request.app[STATE].config
     key = config.api_key
     if request.path in OPEN_PATHS:
         return await handler(request)
     if key:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        got = token.strip().encode("utf-8", "replace")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(got, key.encode()):
+        bearer = token.strip() if scheme.lower() == "bearer" else None
+        ok = [t for t in (bearer, request.headers.get("x-api-key")) if t is not None]
+        if not ok or not all(_same(t, key) for t in ok):
             raise APIError(
                 401,
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>' or "
+                "'x-api-key: <key>'",
                 code="invalid_api_key",
             )
     elif not _host_allowed(request, config):
@@ -168,9 +177,13 @@ def create_app(state: ServerState) -> web.Application:
     app[WRITE_TIMEOUT] = state.config.write_timeout
     app.on_response_prepare.append(no_versions)
     app.router.add_post("/v1/completions", create_completion, expect_handler=expect_continue)
-    app.router.add_post(
-        "/v1/chat/completions", create_chat_completion, expect_handler=expect_continue
-    )
+    for path, handler in (
+        ("/v1/chat/completions", create_chat_completion),
+        ("/v1/messages", create_message),
+        ("/v1/messages/count_tokens", count_tokens),
+        ("/v1/responses", create_response),
+    ):
+        app.router.add_post(path, handler, expect_handler=expect_continue)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)

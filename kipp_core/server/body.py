@@ -19,7 +19,7 @@ async def expect_continue(request: web.Request) -> web.Response | None:
     """aiohttp's Expect handler, but a declared length over the limit is refused at once."""
     limit = request.app[STATE].config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
-        response = _too_large(limit).response()
+        response = _too_large(limit).response(request.path)
         response.force_close()
         return response
     if request.headers.get("Expect", "").lower() != "100-continue":

@@ -1,107 +1,65 @@
-"""POST /v1/chat/completions: reasoning split into `reasoning_content`, `<tool_call>` blocks
-parsed into `tool_calls`, whole (split_reasoning, parse_tool_calls) or as deltas (ReasoningStream,
-ToolCallStream), which give the same result by construction."""
+"""POST /v1/chat/completions: reasoning as `reasoning_content`, tool calls as `tool_calls`, whole
+or as chunks of deltas (kipp_core/server/chat_output.py parses both the same way)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from aiohttp import web
 
-from kipp_core.server.access_log import ACCESS, STREAM
-from kipp_core.server.async_engine import EngineRequest, RequestStream
-from kipp_core.server.body import read_json
-from kipp_core.server.chat_request import ChatRequest, check_structured, parse_request
-from kipp_core.server.context import STATE, ServingContext
+from kipp_core.server.async_engine import RequestStream
+from kipp_core.server.chat_handler import serve_chat
+from kipp_core.server.chat_output import OutputParser, TextDelta, parse_output
+from kipp_core.server.chat_request import parse_request
+from kipp_core.server.chat_spec import ChatRequest
+from kipp_core.server.context import ServingContext
 from kipp_core.server.logprobs import chat_logprobs
-from kipp_core.server.reasoning import ReasoningStream, split_reasoning
-from kipp_core.server.streaming import dumps, stream_response
-from kipp_core.server.tool_parser import (
-    ToolCallDelta,
-    ToolCallStream,
-    new_call_id,
-    parse_tool_calls,
-)
+from kipp_core.server.streaming import openai_error
+from kipp_core.server.tool_parser import new_call_id
 from kipp_core.server.usage import timings, usage
 
 
 def message(req: ChatRequest, text: str) -> tuple[dict, bool]:
     """The assistant message of a whole output, and whether it called tools."""
-    reasoning, content = split_reasoning(text, req.thinking, req.think_opened)
-    calls = []
-    if req.parse_tools:
-        content, calls = parse_tool_calls(req.tool_prefix + content)
-    msg = {"role": "assistant", "content": content}
+    out = parse_output(req, text)
+    msg = {"role": "assistant", "content": out.content}
     if req.thinking:
-        msg["reasoning_content"] = reasoning
-    if calls:
+        msg["reasoning_content"] = out.reasoning
+    if out.calls:
         msg["tool_calls"] = [
             {
                 "id": new_call_id(),
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments},
             }
-            for c in calls
+            for c in out.calls
         ]
-    return msg, bool(calls)
+    return msg, bool(out.calls)
 
 
-class DeltaParser:
-    """One choice's text deltas as OpenAI chat deltas: reasoning, content and tool calls."""
-
-    def __init__(self, req: ChatRequest):
-        self._reasoning = ReasoningStream(req.thinking, req.think_opened)
-        self._tools = ToolCallStream() if req.parse_tools else None
-        self.called_tools = False
-        self._held: list[dict] = []
-        if self._tools is not None and req.tool_prefix:
-            self._held = self._tool_deltas(self._tools.feed(req.tool_prefix))
-
-    def feed(self, text: str) -> list[dict]:
-        out, self._held = self._held, []
-        return out + self._split(*self._reasoning.feed(text))
-
-    def finish(self) -> list[dict]:
-        out, self._held = self._held, []
-        out += self._split(*self._reasoning.finish())
-        if self._tools is not None:
-            out += self._tool_deltas(self._tools.finish())
-        return out
-
-    def _split(self, reasoning: str, content: str) -> list[dict]:
-        out = [{"reasoning_content": reasoning}] if reasoning else []
-        if content and self._tools is not None:
-            out += self._tool_deltas(self._tools.feed(content))
-        elif content:
-            out.append({"content": content})
-        return out
-
-    def _tool_deltas(self, deltas) -> list[dict]:
-        out = []
-        for d in deltas:
-            if not isinstance(d, ToolCallDelta):
-                out.append({"content": d})
-                continue
-            self.called_tools = True
-            call = {"index": d.index, "function": {"arguments": d.arguments}}
-            if d.id is not None:
-                call = {
-                    "index": d.index,
-                    "id": d.id,
-                    "type": "function",
-                    "function": {"name": d.name, "arguments": d.arguments},
-                }
-            out.append({"tool_calls": [call]})
-        return out
+def _chat_delta(d) -> dict:
+    """An OutputParser delta as a chat chunk's delta."""
+    if isinstance(d, TextDelta):
+        return {"reasoning_content" if d.reasoning else "content": d.text}
+    call = {"index": d.index, "function": {"arguments": d.arguments}}
+    if d.id is not None:
+        call = {
+            "index": d.index,
+            "id": d.id,
+            "type": "function",
+            "function": {"name": d.name, "arguments": d.arguments},
+        }
+    return {"tool_calls": [call]}
 
 
 class _Response:
+    named = False
+
     def __init__(self, req: ChatRequest, ctx: ServingContext, request_id: str):
         self.req, self.ctx = req, ctx
         self.id = request_id
         self.created = int(time.time())
-        self.parsers = [DeltaParser(req) for _ in range(req.params.n)]
+        self.parsers = [OutputParser(req) for _ in range(req.params.n)]
         self.done: set[int] = set()
 
     def _head(self, obj: str) -> dict:
@@ -140,21 +98,18 @@ class _Response:
             chunk["usage"] = None
         return chunk
 
-    def first_chunks(self) -> list[dict]:
+    def first_events(self) -> list[dict]:
         return [
             self._chunk(i, {"role": "assistant", "content": ""}) for i in range(len(self.parsers))
         ]
 
-    def chunks(self, out, stream: RequestStream) -> list[dict]:
+    def events(self, out, stream: RequestStream) -> list[dict]:
         events = []
         for c in out.outputs:
             if c.index in self.done:
                 continue
             parser = self.parsers[c.index]
-            deltas = parser.feed(c.text_delta)
-            if c.finished:
-                deltas += parser.finish()
-            mine = [self._chunk(c.index, d) for d in deltas]
+            mine = [self._chunk(c.index, _chat_delta(d)) for d in parser.read(c)]
             lp = self._logprobs(c.token_ids_delta, c.logprobs_delta) if c.token_ids_delta else None
             if lp is not None:
                 if not mine:  # tokens held back by a parser still report their logprobs
@@ -175,24 +130,9 @@ class _Response:
             events[-1]["timings"] = timings(finals)
         return events
 
+    def failed(self, message: str) -> list[dict]:
+        return openai_error(message)
+
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    arrival = time.monotonic()
-    state = request.app[STATE]
-    ctx = state.ready()
-    body = await read_json(request)
-    # Off the event loop: rendering a long chat and tokenizing it take a while (offload.py)
-    req = await asyncio.get_running_loop().run_in_executor(None, parse_request, body, ctx)
-    rid = ctx.new_id("chatcmpl")
-    request[ACCESS] = rid
-    item = EngineRequest(rid, req.prompt_token_ids, req.params, req.prompt)
-    response = _Response(req, ctx, rid)
-    await check_structured(req)
-    stream = request[STREAM] = await ctx.submit([item], arrival, state.config.retry_after_s)
-    try:
-        if not req.stream:
-            body = response.body((await stream.collect())[0])
-            return web.Response(body=dumps(body), content_type="application/json")
-        return await stream_response(request, stream, response.first_chunks(), response.chunks)
-    finally:
-        stream.close()
+    return await serve_chat(request, parse_request, "chatcmpl", _Response)

@@ -35,6 +35,8 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()
     # a chat request without max_tokens: at most this many (None: the rest of the context)
     default_max_tokens: int | None = None
+    # a chat request that thinks and sets no budget: this one (None: no budget)
+    default_thinking_budget: int | None = None
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ServingContext:
     llm: LLM | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     default_max_tokens: int | None = None  # ServerConfig's
+    default_thinking_budget: int | None = None  # ServerConfig's
 
     def __post_init__(self):
         f = self.front
@@ -77,7 +80,8 @@ class ServingContext:
 
     @staticmethod
     def new_id(prefix: str) -> str:
-        return f"{prefix}-{uuid.uuid4().hex}"
+        """A fresh id: "chatcmpl" gives "chatcmpl-HEX", "msg_" gives "msg_HEX"."""
+        return f"{prefix}{'' if prefix.endswith('_') else '-'}{uuid.uuid4().hex}"
 
     async def submit(
         self, requests: list[EngineRequest], arrival_time: float, retry_after_s: int

@@ -1,4 +1,5 @@
-"""OpenAI error bodies. Every failure a client sees is one of these; never a traceback."""
+"""Error bodies: OpenAI's everywhere but under /v1/messages, where they are Anthropic's. Every
+failure a client sees is one of these; never a traceback."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ _TYPES = {
     500: "server_error",
     503: "unavailable_error",
 }
+# Anthropic's error `type` by HTTP status
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = "/v1/messages"  # and below it
 _MAX_MESSAGE = 1000  # a huge bad value must not come back in full
 
 
@@ -57,13 +69,25 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> web.Response:
+    def anthropic_body(self) -> dict:
+        """`{"type": "error", "error": {type, message}}`, Anthropic's shape."""
+        fallback = "invalid_request_error" if self.status < 500 else "api_error"
+        kind = _ANTHROPIC_TYPES.get(self.status, fallback)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, path: str = "") -> web.Response:
+        """The error for a request to `path` (Anthropic's shape under /v1/messages)."""
+        body = self.anthropic_body() if is_anthropic(path) else self.body()
         return web.Response(
             status=self.status,
-            body=json.dumps(self.body()).encode(),
+            body=json.dumps(body).encode(),
             content_type="application/json",
             headers=self.headers,
         )
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

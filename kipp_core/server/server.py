@@ -111,7 +111,12 @@ class APIServer:
         engine.start()
         cap = self.config.default_max_tokens
         self.state.ctx = ServingContext(
-            front, engine, self.state.model_name, llm, default_max_tokens=cap
+            front,
+            engine,
+            self.state.model_name,
+            llm,
+            default_max_tokens=cap,
+            default_thinking_budget=self.config.default_thinking_budget,
         )
         log.info(
             "chat requests without max_tokens generate up to %s",

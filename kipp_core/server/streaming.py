@@ -1,4 +1,6 @@
-"""Server-sent events as OpenAI streams them: `data: {json}` events, then `data: [DONE]`."""
+"""Server-sent events: OpenAI's Chat and Completions streams send `data: {json}` events, then
+`data: [DONE]`; Anthropic's and the Responses API's name each event (`event: TYPE`, its data's
+"type") and end with their last event."""
 
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ def dumps(obj) -> bytes:
 
 
 class EventStream:
-    """One streaming response. `send` writes a batch of events in one write."""
+    """One streaming response. `send` writes a batch of events in one write; `named` events
+    carry an `event:` line and no [DONE] follows them."""
 
-    def __init__(self, request: web.Request):
+    def __init__(self, request: web.Request, named: bool = False):
         self._request = request
+        self.named = named
         self.response = web.StreamResponse(
             status=200,
             headers={
@@ -43,8 +47,15 @@ class EventStream:
         await self.response.prepare(self._request)
 
     async def send(self, events: list[dict]) -> None:
-        if events:
-            await self._write(b"".join(b"data: " + dumps(e) + b"\n\n" for e in events))
+        if not events:
+            return
+        if self.named:
+            data = b"".join(
+                b"event: " + e["type"].encode() + b"\ndata: " + dumps(e) + b"\n\n" for e in events
+            )
+        else:
+            data = b"".join(b"data: " + dumps(e) + b"\n\n" for e in events)
+        await self._write(data)
 
     async def _write(self, data: bytes) -> None:
         # A write waits only when the transport's buffer is full: the client is not reading.
@@ -62,15 +73,22 @@ class EventStream:
             raise SlowClient from None
 
     async def finish(self) -> None:
-        await self._write(b"data: [DONE]\n\n")
+        if not self.named:
+            await self._write(b"data: [DONE]\n\n")
         await self.response.write_eof()
 
 
-async def stream_response(request: web.Request, stream, first: list[dict], chunks):
-    """Send `first`, then `chunks(out, stream)` for each engine output, then [DONE]. An engine
-    failure becomes an error event; a client that left only marks the request disconnected (the
-    caller's cleanup aborts it)."""
-    events = EventStream(request)
+def openai_error(message: str) -> list[dict]:
+    return [APIError(500, message).body()]
+
+
+async def stream_response(
+    request: web.Request, stream, first: list[dict], chunks, named=False, failed=openai_error
+):
+    """Send `first`, then `chunks(out, stream)` for each engine output, then [DONE] (unless the
+    events are `named`). An engine failure becomes the events `failed(message)` makes; a client
+    that left only marks the request disconnected (the caller's cleanup aborts it)."""
+    events = EventStream(request, named)
     try:
         await events.start()
         await events.send(first)
@@ -78,7 +96,7 @@ async def stream_response(request: web.Request, stream, first: list[dict], chunk
             await events.send(chunks(out, stream))
         await events.finish()
     except EngineFailure as e:
-        await events.send([APIError(500, str(e)).body()])
+        await events.send(failed(str(e)))
         await events.finish()
     except SlowClient:
         log.warning("aborting %s: its client took no data for the write timeout", request.path)

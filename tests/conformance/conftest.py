@@ -37,3 +37,14 @@ def make_llm(llm_factory, backend):
         return llm_factory(backend, model, **kw)
 
     return make
+
+
+def spy_batches(llm, async_scheduling: bool) -> tuple[list[list[int]], object]:
+    """(the seq ids of each batch the engine queues, the backend's execute_async): both empty or
+    None unless async scheduling is on and the backend has it."""
+    batches: list[list[int]] = []
+    backend = llm.engine.backend
+    run = getattr(backend, "execute_async", None) if async_scheduling else None
+    if run is not None:
+        backend.execute_async = lambda b: batches.append([s.seq_id for s in b.seqs]) or run(b)
+    return batches, run

@@ -21,6 +21,7 @@ from kipp_core.structured_outputs import StructuredOutputs
 from kipp_core.tokenizer import Tokenizer
 from kipp_core.tool_constraint import ToolCallConstraint
 from oracle.qwen3 import KVCache, forward, load_weights
+from tests.conformance.conftest import spy_batches
 
 SCHEMA = {
     "type": "object",
@@ -90,11 +91,8 @@ def test_constrained_tokens_equal_the_masked_reference(
     cheap = backend == "cuda"
     params = [_params(so, cheap, tok) for so in (StructuredOutputs(json_schema=SCHEMA), tools)]
     free = SamplingParams(temperature=0, max_tokens=8 if cheap else 20, ignore_eos=True)
-    batches = []
-    backend_ = llm.engine.backend
-    run = getattr(backend_, "execute_async", None) if async_scheduling else None
+    batches, run = spy_batches(llm, async_scheduling)
     if run is not None:
-        backend_.execute_async = lambda b: batches.append([s.seq_id for s in b.seqs]) or run(b)
         # constraints are made off the engine thread; here every one is made before the first
         # step, so the three requests start together and the interleaving below is fixed
         manager, admit = llm.engine.structured, llm.engine.structured.admit

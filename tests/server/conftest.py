@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
+import threading
 import time
 import urllib.parse
 
@@ -98,6 +103,31 @@ def start_server(tiny_path, config: ServerConfig | None = None, **llm_kw) -> Ser
     return ServerThread(APIServer(config, llm=llm, model_name="kipp-tiny")).start()
 
 
+def kipp_serve(*args: str, model: str = "kipp-tiny"):
+    """`kipp serve` on the oracle in a process of its own, on a free port: (the process, its URL,
+    the engine process's pid) once the model is loaded. From then on a thread reads its stderr,
+    so that its log never fills the pipe."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "kipp_core.cli.main", "serve", "--model", model]
+    cmd += ["--backend", "oracle", "--port", str(port), *args]
+    proc = subprocess.Popen(
+        cmd, env=dict(os.environ), stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    lines = []
+    deadline = time.monotonic() + 120
+    while True:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "the server did not start"
+        lines.append(line)
+        m = re.search(r"engine process (\d+) loaded", line)
+        if m:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, f"http://127.0.0.1:{port}", int(m.group(1))
+
+
 def engine_of(server: ServerThread):
     return server.server.state.ctx.llm.engine
 
@@ -117,6 +147,21 @@ def server(tiny_path):
     st = start_server(tiny_path)
     yield st
     st.stop()
+
+
+@pytest.fixture(scope="module", name="http")
+def http_connection(server):
+    """A keep-alive connection to the shared server (named `http` in the tests)."""
+    h = Http(server.url)
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_path):
+    from kipp_core.tokenizer import Tokenizer
+
+    return Tokenizer(tiny_path)
 
 
 class Http:

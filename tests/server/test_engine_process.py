@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,28 +23,11 @@ from openai import OpenAI
 
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplingParams
-from tests.server.conftest import sse_events
+from tests.server.conftest import kipp_serve, sse_events
 
 
 def serve(*args: str):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "kipp_core.cli.main", "serve", "--model", "kipp-tiny"]
-    cmd += ["--backend", "oracle", "--port", str(port), *args]
-    proc = subprocess.Popen(
-        cmd, env=dict(os.environ), stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    lines = []
-    deadline = time.monotonic() + 120
-    while True:
-        line = proc.stderr.readline()
-        assert line or proc.poll() is None, "".join(lines)
-        assert time.monotonic() < deadline, "the server did not start"
-        lines.append(line)
-        m = re.search(r"engine process (\d+) loaded", line)
-        if m:
-            return proc, f"http://127.0.0.1:{port}", int(m.group(1))
+    return kipp_serve(*args)
 
 
 BODY = {"prompt": "process", "max_tokens": 300, "ignore_eos": True, "temperature": 0}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server.conftest import Http, assert_error_body, wait_idle
+from tests.server.conftest import assert_error_body, wait_idle
 
 
 def floats(*args, **kw):
@@ -119,13 +119,6 @@ BROKEN_UTF8 = [
     b"\xf0\x28\x8c\xbc",
     b"\xed\xa0\x80",
 ]
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    h = Http(server.url)
-    yield h
-    h.close()
 
 
 @st.composite

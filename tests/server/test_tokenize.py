@@ -6,17 +6,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from tests.server.conftest import Http, assert_error_body
+from tests.server.conftest import assert_error_body
 
 TEXT = "Hello world, héllo 🌍\n  code"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TEXT}]
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    h = Http(server.url)
-    yield h
-    h.close()
 
 
 @pytest.fixture(scope="module")

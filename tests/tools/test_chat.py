@@ -177,6 +177,34 @@ def test_thinking_2507_turns_open_the_think_block(tiny_path, tmp_path):
     )
 
 
+def test_thinking_budget_of_each_reply(tiny_path, tmp_path):
+    """Thinking-2507 thinks from the first token: with --thinking-budget 1 the saved reply holds
+    one token of reasoning, then the forced close, then an answer (without it, the random model
+    thinks for all 8 tokens and answers nothing)."""
+    from kipp_core.tokenizer import Tokenizer
+    from kipp_core.vocab import chat_template
+    from tests.server.conftest import with_template
+
+    path = with_template(tiny_path, tmp_path / "t2507", chat_template("qwen3-thinking-2507"))
+    tok = Tokenizer(path)
+    for flag, budgeted in (([], False), (["--thinking-budget", "1"], True)):
+        saved = tmp_path / f"conv{len(flag)}.json"
+        p = subprocess.run(
+            [sys.executable, "-m", "kipp_core.cli.main", "chat", "--model", str(path), *flag]
+            + ["--backend", "oracle", "-n", "8", "--temperature", "0"],
+            input=f"Hi\n/save {saved}\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        reply = json.loads(saved.read_text())[1]
+        if budgeted:
+            assert len(tok.encode(reply["reasoning_content"])) <= 1 and reply["content"]
+        else:
+            assert len(tok.encode(reply["reasoning_content"])) > 4 and not reply["content"]
+
+
 def test_an_empty_line_on_a_terminal_does_not_quit(tiny_path, tmp_path, monkeypatch, capsys):
     """At the prompt, Enter alone does nothing (input() gives ""); only Ctrl-D (EOFError) or
     /exit quits. Unknown commands say so; /help lists the commands."""

@@ -84,6 +84,9 @@ NAMED = [
     (("generate", "hi", "--no-think"), "--no-think"),
     (("serve", "--max-body-mb", "0"), "--max-body-mb"),
     (("serve", "--default-max-tokens", "-1"), "--default-max-tokens"),
+    (("serve", "--thinking-budget", "-1"), "--thinking-budget"),
+    (("generate", "hi", "--thinking-budget", "many"), "--thinking-budget"),
+    (("chat", "--thinking-budget", "1.5"), "--thinking-budget"),
     (("ppl", "--file", __file__, "--stride", "0"), "--stride"),
     (
         ("generate", "hi", "--speculative", "ngram", "--speculative-model", "x"),

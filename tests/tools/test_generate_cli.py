@@ -101,3 +101,18 @@ def test_backend_auto_says_which_it_picked():
     p = kipp("generate", "hi", "-n", "1", "--backend", "auto")
     assert p.returncode == 0, p.stderr
     assert "kipp: backend auto: " in p.stderr
+
+
+def test_thinking_budget_closes_an_opened_thought(tiny_path):
+    """A prompt that opens the thought: after 2 tokens of it come `\\n</think>\\n\\n` (without
+    the flag, the random model would go on thinking)."""
+    from kipp_core.thinking_budget import CLOSING
+    from kipp_core.tokenizer import Tokenizer
+
+    prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    args = ["generate", prompt, "--json", "-n", "7", "--temperature", "0", "--backend", "oracle"]
+    closing = Tokenizer(tiny_path).encode(CLOSING)
+    for flag, closed in (([], False), (["--thinking-budget", "2"], True)):
+        p = kipp(*args, *flag)
+        assert p.returncode == 0, p.stderr
+        assert (json.loads(p.stdout)["token_ids"][2:5] == closing) is closed
