@@ -53,7 +53,11 @@ def token_logprobs(
     outs = [mine[:, 0], rank]
     if n:
         # A candidate set of n; exact unless the n-th value has ties outside it (host fallback).
-        cand = mx.argpartition(-lp, kth=n - 1, axis=-1)[:, :n]
+        # One alternative is the argmax (lowest id of the largest), cheaper than a partition.
+        if n == 1:
+            cand = mx.argmax(lp, axis=-1, keepdims=True)
+        else:
+            cand = mx.argpartition(-lp, kth=n - 1, axis=-1)[:, :n]
         vals = mx.take_along_axis(lp, cand, axis=-1)
         n_ge = mx.sum(lp >= mx.min(vals, axis=-1, keepdims=True), axis=-1)
         outs += [cand, vals, n_ge]

@@ -4,6 +4,7 @@ a paged KV context built independently of kv_write (with a float64 attention ove
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 
@@ -16,6 +17,7 @@ HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IDS = ["f32", "f16", "bf16"]
+DTYPE_IDS = dict(zip(IDS, DTYPES))  # an axis of cases()
 # Op vs ref: the same arithmetic up to reduction order, except that the CPU interpreter rounds
 # float32 -> bfloat16 toward zero (1 ulp); each output is rounded to the dtype at most twice.
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -25,6 +27,35 @@ def skip_unless_runnable() -> None:
     """Kernel tests run on a GPU, or on CPU under Triton's interpreter (tests/cuda/conftest.py)."""
     if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+
+def cases(strength: int = 2, **axes) -> list:
+    """pytest.params over the named axes (each a list of values, or a dict of id -> value). On a
+    GPU: every combination. Under Triton's interpreter, where a case costs seconds: a subset that
+    holds every `strength`-tuple of values of `strength` axes at least once (2: every pair of
+    values; 1: every value), chosen greedily, the same on every run."""
+    named = [
+        list(v.items()) if isinstance(v, dict) else [(str(x), x) for x in v] for v in axes.values()
+    ]
+    combos = list(itertools.product(*[range(len(v)) for v in named]))
+    if not HAS_CUDA:
+        groups = list(itertools.combinations(range(len(named)), strength))
+
+        def tuples(c):
+            return {(g, tuple(c[i] for i in g)) for g in groups}
+
+        todo, keep = set().union(*map(tuples, combos)), []
+        while todo:
+            best = max(combos, key=lambda c: len(tuples(c) & todo))
+            keep.append(best)
+            todo -= tuples(best)
+        combos = sorted(keep)
+
+    def param(c):
+        values = [named[a][i][1] for a, i in enumerate(c)]
+        return pytest.param(*values, id="-".join(named[a][i][0] for a, i in enumerate(c)))
+
+    return [param(c) for c in combos]
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import torch
 
 from kipp_cuda.kernels import decode_attention as dec
 from kipp_cuda.kernels import split_merge as sm
-from tests.cuda.kernel_testing import DEV, poisoned_empty, skip_unless_runnable
+from tests.cuda.kernel_testing import DEV, cases, poisoned_empty, skip_unless_runnable
 from tests.cuda.test_attention_kernels import _decode, assert_close
 
 skip_unless_runnable()
@@ -40,19 +40,21 @@ def _counters_zeroed():
     return all(not c.any() for c in held)
 
 
-@pytest.mark.parametrize("q8", [False, True], ids=["plain", "q8"])
 @pytest.mark.parametrize(
-    "dtype, merge_chunk", [(torch.float32, 1), (torch.bfloat16, None)], ids=["f32-chunk1", "bf16"]
+    "skip, G, dtype_chunk, q8",
+    cases(  # 32 on a GPU, 8 interpreted (each ~8 s): every pair of values
+        skip={"all-count": False, "skip-empty": True},
+        G=[2, 3, 4, 8],
+        dtype_chunk={"f32-chunk1": (torch.float32, 1), "bf16": (torch.bfloat16, None)},
+        q8={"plain": False, "q8": True},
+    ),
 )
-@pytest.mark.parametrize("G", [2, 3, 4, 8])
-@pytest.mark.parametrize("skip", [False, True], ids=["all-count", "skip-empty"])
-def test_decode_fused_merge_repeated_calls(
-    dtype, merge_chunk, G, q8, skip, short_splits, monkeypatch
-):
+def test_decode_fused_merge_repeated_calls(skip, G, dtype_chunk, q8, short_splits, monkeypatch):
     # A batch of ragged contexts over 7 splits of one tile: contexts 0 and 1 leave 6 or 7 splits
     # empty, 300 fills 5 of them. Two calls into the same counters: the second would leave `out`
     # NaN (no program would count to the last) if the first had not re-armed them. skip: the
     # empty splits leave at once and only the live ones count in (SKIP_EMPTY_SPLITS).
+    dtype, merge_chunk = dtype_chunk
     if merge_chunk is not None:  # one split a step of the fused merge: its loop runs 5 times
         monkeypatch.setattr(dec, "MERGE_CHUNK", merge_chunk)
     monkeypatch.setattr(dec, "FUSED_MERGE", True)

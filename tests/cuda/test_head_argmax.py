@@ -19,8 +19,10 @@ from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels import sass
 from tests.cuda.kernel_testing import (
     DEV,
+    DTYPE_IDS,
     DTYPES,
     IDS,
+    cases,
     close,
     compile_offline,
     randn,
@@ -77,9 +79,8 @@ def head_token(kind, x, w, cfg, keys):
     return logits, int(out[0])
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("cfg", list(CFGS))
-@pytest.mark.parametrize("kind", KINDS)
+# 45 on a GPU, 15 interpreted (each ~5 s): every pair of (kind, config, dtype) values
+@pytest.mark.parametrize("kind, cfg, dtype", cases(kind=KINDS, cfg=list(CFGS), dtype=DTYPE_IDS))
 def test_head_mode_equals_gemv_float_and_argmax(kind, cfg, dtype):
     """Logits: the plain GEMV's bits .float(); token: torch.argmax of them; the same keys serve a
     second call whose best value is below the first's (x negated and scaled to about half the
@@ -97,8 +98,7 @@ def test_head_mode_equals_gemv_float_and_argmax(kind, cfg, dtype):
     assert tok2 == int(torch.argmax(logits2))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind, dtype", cases(1, kind=KINDS, dtype=DTYPE_IDS))  # 3 interpreted
 def test_ties_go_to_the_lowest_index(kind, dtype):
     """The best row copied to lower and higher indices, in its own tile, a neighbour's and the
     last (split3: 256-row tiles, split K): the lowest copy wins, as torch.argmax."""

@@ -17,9 +17,9 @@ from kipp_cuda.kernels import swiglu as sw
 from kipp_cuda.kernels.matmul_tiles import int_x
 from tests.cuda.kernel_testing import (
     DEV,
-    DTYPES,
+    DTYPE_IDS,
     HAS_CUDA,
-    IDS,
+    cases,
     close,
     gen,
     randn,
@@ -48,9 +48,12 @@ def q8_weights(N, K, seed):
 Q8_CASES = [(1, 781, 1856), (1, 5, 4096), (3, 40, 2048), (16, 70, 96), (37, 130, 352)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("T,N,K", Q8_CASES)
-def test_q8_0_matmul(dtype, T, N, K):
+# every shape with every dtype on a GPU; interpreted, every shape and every dtype once
+@pytest.mark.parametrize(
+    "case, dtype", cases(1, case={"-".join(map(str, c)): c for c in Q8_CASES}, dtype=DTYPE_IDS)
+)
+def test_q8_0_matmul(case, dtype):
+    T, N, K = case
     qs, d, w64 = q8_weights(N, K, seed=T + N)
     x = randn(T, K, dtype=dtype, seed=14)
     out = run(qm._q8_0_matmul_op, x, qs, d)
@@ -103,9 +106,11 @@ AFFINE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("T,bits,gs,N,K", AFFINE_CASES)
-def test_affine_matmul(dtype, T, bits, gs, N, K):
+@pytest.mark.parametrize(  # as test_q8_0_matmul
+    "case, dtype", cases(1, case={"-".join(map(str, c)): c for c in AFFINE_CASES}, dtype=DTYPE_IDS)
+)
+def test_affine_matmul(case, dtype):
+    T, bits, gs, N, K = case
     wq, s, b, w64 = affine_weights(N, K, bits, gs, seed=T + N + bits, sdtype=dtype)
     x = randn(T, K, dtype=dtype, seed=16)
     out = run(am._affine_matmul_op, x, wq, s, b, bits, gs)

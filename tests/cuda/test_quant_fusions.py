@@ -16,9 +16,11 @@ from kipp_cuda.kernels import q8_0_matmul as qm
 from kipp_cuda.kernels import swiglu as sw
 from tests.cuda.kernel_testing import (
     DEV,
+    DTYPE_IDS,
     DTYPES,
     HAS_CUDA,
     IDS,
+    cases,
     close,
     randn,
     run,
@@ -37,8 +39,8 @@ SWIGLU_CFGS = {
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("name", list(SWIGLU_CFGS))
+# 12 on a GPU; interpreted (each ~10 s), every config and every dtype once: 4
+@pytest.mark.parametrize("name, dtype", cases(1, name=list(SWIGLU_CFGS), dtype=DTYPE_IDS))
 def test_quantized_gemv_swiglu_epilogue_equals_gemv_then_silu_and_mul(name, dtype):
     """swiglu=True: a GEMV over gate-then-up rows writes silu(gate) * up in its epilogue, the same
     bits as the same GEMV followed by silu_and_mul; I = 37 leaves a short last tile. one-row's

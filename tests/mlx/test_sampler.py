@@ -115,13 +115,14 @@ def test_top_k_ties_past_k_take_the_full_sort():
 
 
 @pytest.mark.parametrize("vocab", [V, 151936])
-def test_logprobs_equal_reference(vocab):
+@pytest.mark.parametrize("one", [False, True], ids=["mixed-n", "top-1"])  # top-1: the argmax path
+def test_logprobs_equal_reference(vocab, one):
     rng = np.random.default_rng(4)
     x = np.stack([_logits(rng, vocab) for _ in range(12)])
     x[0, 5:9] = x[0].max() + 1  # ties at the top
     x[1, :] = 0.0  # every token ties (the host fallback)
     toks = rng.integers(0, vocab, size=12).tolist()
-    tops = [0, 1, 2, 5, 20, 3, 0, 7, 20, 1, 4, 2]
+    tops = [1] * 12 if one else [0, 1, 2, 5, 20, 3, 0, 7, 20, 1, 4, 2]
     got = dev_lp.token_logprobs(mx.array(x), toks, tops)
     for i, g in enumerate(got):
         w = ref.logprobs(x[i], toks[i], tops[i])
