@@ -8,12 +8,36 @@ a stream never shows half a character.
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
 from kipp_core.vocab import bytes_to_unicode
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int, size: int) -> tuple[HFTokenizer, tuple[bytes, ...], frozenset]:
+    """The parsed tokenizer.json: the library's tokenizer, each id's bytes, the special ids. Kept
+    per file version, as every LLM and server of one process over one model reads the same file
+    (parsing the 151k-token vocabulary takes about a second)."""
+    try:
+        tok = HFTokenizer.from_file(path)
+    except Exception as e:  # the library raises a bare Exception on a corrupt file
+        raise ValueError(f"{path} could not be loaded: {e}") from None
+    u2b = {c: b for b, c in bytes_to_unicode().items()}
+    pieces: list[bytes] = [b""] * tok.get_vocab_size(with_added_tokens=True)
+    for piece, i in tok.get_vocab(with_added_tokens=False).items():
+        pieces[i] = bytes(u2b[c] for c in piece)
+    special = set()
+    for i, t in tok.get_added_tokens_decoder().items():
+        if i >= len(pieces):
+            pieces.extend([b""] * (i + 1 - len(pieces)))
+        pieces[i] = t.content.encode("utf-8")
+        if t.special:
+            special.add(i)
+    return tok, tuple(pieces), frozenset(special)
 
 
 class Tokenizer:
@@ -23,25 +47,11 @@ class Tokenizer:
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise ValueError(f"tokenizer.json not found in {model_dir}")
-        try:
-            self._tok = HFTokenizer.from_file(str(path))
-        except Exception as e:  # the library raises a bare Exception on a corrupt file
-            raise ValueError(f"{path} could not be loaded: {e}") from None
+        st = path.stat()
+        self._tok, self._bytes, self.special_ids = _load(str(path), st.st_mtime_ns, st.st_size)
         cfg_path = model_dir / "tokenizer_config.json"
         self.config: dict = json.loads(cfg_path.read_text("utf-8")) if cfg_path.exists() else {}
         self.chat_template: str | None = self.config.get("chat_template")
-        u2b = {c: b for b, c in bytes_to_unicode().items()}
-        size = self._tok.get_vocab_size(with_added_tokens=True)
-        self._bytes: list[bytes] = [b""] * size
-        for piece, i in self._tok.get_vocab(with_added_tokens=False).items():
-            self._bytes[i] = bytes(u2b[c] for c in piece)
-        self.special_ids: set[int] = set()
-        for i, t in self._tok.get_added_tokens_decoder().items():
-            if i >= len(self._bytes):
-                self._bytes.extend([b""] * (i + 1 - len(self._bytes)))
-            self._bytes[i] = t.content.encode("utf-8")
-            if t.special:
-                self.special_ids.add(i)
         self.vocab_size = len(self._bytes)
 
     def encode(self, text: str) -> list[int]:

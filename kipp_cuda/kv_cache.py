@@ -54,8 +54,8 @@ def num_blocks_for(
 ) -> KVBudget:
     """The pool for the user's budget; else the serving default (kipp_core.kv_budget) with
     sizing "serving", or the modest offline one: DEFAULT_FRACTION of free memory, at most
-    DEFAULT_CAP (2 GiB on a CPU device), raised to hold `min_tokens` (one full-context request)
-    where FULL_CONTEXT_FRACTION of free memory allows."""
+    DEFAULT_CAP (on a CPU device: 4 contexts of max_model_len, at most 2 GiB), raised to hold
+    `min_tokens` (one full-context request) where FULL_CONTEXT_FRACTION of free memory allows."""
     per = bytes_per_block(cfg, block_size, dtype, kv_quant, tp_size)
     free = free_memory(device)
     if budget is not None:
@@ -74,11 +74,14 @@ def num_blocks_for(
         return serving_budget(int(free), per, block_size, max_num_seqs, max_len)
     if sizing != "offline":
         raise ValueError(f"kv_sizing must be 'offline' or 'serving', got {sizing!r}")
-    cap = DEFAULT_CAP if device.type == "cuda" else 2 * 2**30
+    cap = DEFAULT_CAP
+    if device.type != "cuda":  # as the MLX backend's default: 4 full contexts, at most 2 GiB
+        ctx = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        cap = min(2 * 2**30, 4 * -(-ctx // block_size) * per)
     nbytes = min(DEFAULT_FRACTION * free, cap)
     why = (
         f"offline default: {DEFAULT_FRACTION:.0%} of the {free / 2**30:.1f} GiB free, "
-        f"at most {cap / 2**30:.0f} GiB"
+        f"at most {cap / 2**30:.2g} GiB"
     )
     need = -(-min_tokens // block_size) * per
     if nbytes < need <= FULL_CONTEXT_FRACTION * free:

@@ -5,6 +5,7 @@ a block of 32."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from kipp_core.checkpoint import Checkpoint
 
 torch = pytest.importorskip("torch")
+from kipp_cuda import kv_cache  # noqa: E402 (after the skip)
 
 PER_BLOCK = 2 * 2 * 2 * 32 * 4 * 32
 
@@ -31,9 +33,14 @@ def test_sizing_rules(tiny_path, monkeypatch):
     # serving: 4 streams x ceil(2,048 / 32) = 256 blocks (kipp-tiny's context is 4,096)
     kv = _blocks(tiny_path, monkeypatch, free, sizing="serving")
     assert kv.num_blocks == 256 and kv.nbytes == 256 * PER_BLOCK and "serving default" in kv.why
-    # offline on a CPU device: min(0.3 x 10 GiB, 2 GiB) = 2 GiB = 65,536 blocks
+    # offline on a CPU device: min(0.3 x 10 GiB, 2 GiB, 4 contexts of 4,096) = 4 x 128 blocks
     kv = _blocks(tiny_path, monkeypatch, free)
-    assert kv.num_blocks == 65_536 and "offline default" in kv.why
+    assert kv.num_blocks == 512 and "offline default" in kv.why
+    # a larger model's 4 contexts pass 2 GiB: the 2 GiB cap (80 KiB a token at 40,960 tokens)
+    cfg = Checkpoint(tiny_path).config
+    big = dataclasses.replace(cfg, max_position_embeddings=40960, num_hidden_layers=40)
+    kv = kv_cache.num_blocks_for(None, big, 32, torch.float32, None, torch.device("cpu"))
+    assert kv.num_blocks == 2 * 2**30 // (20 * PER_BLOCK)
     # an explicit budget wins over either default
     kv = _blocks(tiny_path, monkeypatch, free, budget="1MiB", sizing="serving")
     assert kv.num_blocks == 32 and kv.why == "kv_cache_memory 1MiB"
