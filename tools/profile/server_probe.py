@@ -5,7 +5,7 @@ small HTTP-layer checks. It starts the server as a subprocess (from `--tree`, de
 checkout) and prints one JSON object: per probe what was tried and what came back, the server's
 peak RSS and the longest /health answer seen meanwhile (an event-loop freeze).
 
-    python tools/profile/server_probe.py --backend oracle [--tree /tmp/base] [--only extreme,sigterm]
+    python tools/profile/server_probe.py --backend oracle [--tree /tmp/base] [--only a,b]
 """
 
 from __future__ import annotations
