@@ -139,7 +139,8 @@ def test_one_value_anywhere_replaced_is_never_5xx(server, http, path, data):
     where = data.draw(st.sampled_from(paths(valid)))
     value = data.draw(any_json)
     big = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 16
-    assume(not (where[-1] in LENGTHS and big))
+    unbounded = value is None and where[-1] == "max_output_tokens"  # the rest of the context
+    assume(not (where[-1] in LENGTHS and (big or unbounded)))
     status, _, body = post(http, path, replaced(valid, where, value))
     check_answer(path, status, body)
 
