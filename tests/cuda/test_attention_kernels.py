@@ -19,7 +19,9 @@ from kipp_cuda.kernels import kv_write as kvw
 from kipp_cuda.kernels import prefill_attention as pre
 from tests.cuda.kernel_testing import (
     DEV,
+    DTYPE_IDS,
     Paged,
+    cases,
     naive_attention,
     poisoned_empty,
     skip_unless_runnable,
@@ -127,9 +129,8 @@ def _decode(dtype, G, q8, hkv=2, d=64, page=16, ctx=DECODE_CTX, seed=0):
     return p, q, scale, ref
 
 
-@pytest.mark.parametrize("G", [1, 2, 4, 5, 8])
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
-def test_paged_decode_attention(dtype, G, short_splits):
+@pytest.mark.parametrize("G, dtype", cases(1, G=[1, 2, 4, 5, 8], dtype=DTYPE_IDS))  # GPU: all 15
+def test_paged_decode_attention(G, dtype, short_splits):
     p, q, scale, ref = _decode(dtype, G, q8=False, seed=G)
     for num_splits in (None, 3):  # the default (one split at these lengths) and flash-decoding
         with poisoned_empty():
@@ -145,9 +146,8 @@ def test_paged_decode_attention(dtype, G, short_splits):
         assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("G", [1, 4, 5])
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
-def test_paged_decode_attention_q8(dtype, G, short_splits):
+@pytest.mark.parametrize("G, dtype", cases(1, G=[1, 4, 5], dtype=DTYPE_IDS))  # GPU: all 9
+def test_paged_decode_attention_q8(G, dtype, short_splits):
     p, q, scale, ref = _decode(dtype, G, q8=True, d=64, seed=10 + G)
     for num_splits in (1, 4):
         with poisoned_empty():
@@ -209,9 +209,8 @@ def _prefill(dtype, G, q8, seqs=PREFILL_SEQS, hkv=2, d=64, page=16, seed=0):
     return p, args, ref
 
 
-@pytest.mark.parametrize("G", [1, 2, 4, 5, 8])
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
-def test_paged_prefill_attention(dtype, G):
+@pytest.mark.parametrize("G, dtype", cases(1, G=[1, 2, 4, 5, 8], dtype=DTYPE_IDS))  # GPU: all 15
+def test_paged_prefill_attention(G, dtype):
     p, args, ref = _prefill(dtype, G, q8=False, seed=G)
     with poisoned_empty():
         out = pre._paged_prefill_attention_op(*args)
