@@ -61,6 +61,9 @@ class ShardBackend:
         t0 = time.perf_counter()
         self.config = cfg = checkpoint.config
         self.device = device
+        # on a CPU the torch references cost the sum of a step's sequences, as the oracle's do:
+        # the scheduler then shares each step between requests (kipp_core.scheduler._share)
+        self.serial_seqs = device.type != "cuda"
         self.dtype = dtype = pick_dtype(opts, device)
         self.block_size = opts.block_size
         self._check_weights_fit(checkpoint, dtype, opts.quant, tp_size)

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 from server_probe_http import Server, probe_sigterm, probe_small, rss_mb, stream_tokens
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (tools/profile/ is two below)
 
 
 def extreme_body(rng: random.Random) -> dict:
