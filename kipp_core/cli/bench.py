@@ -216,7 +216,9 @@ def main(argv: list[str]) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "version": __version__,
     }
-    _write(result, bench.to_markdown(result), args)
+    from kipp_core.bench_report import to_markdown
+
+    _write(result, to_markdown(result), args)
     return 0
 
 
