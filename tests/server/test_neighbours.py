@@ -1,8 +1,8 @@
 """A request never slows its neighbours: a client reading one byte a second beside 32 fast ones
 (the fast ones finish as if alone, the slow one's memory stays bounded), a huge prompt beside a
 small request (the small one answered first, delayed by at most 100 ms by a 15 MB body), a
-20-token stream sent while an n = 128 request is mid-step (within 3x of its time alone), and the
-access log's line per request."""
+20-token stream sent while an n = 128 request is mid-step (its own steps, the server adding little
+to them), and the access log's line per request."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import time
 import aiohttp
 import pytest
 
+from kipp_core.scheduler import SERIAL_STEP_SEQS
 from kipp_core.server.context import ServerConfig
 from tests.conftest import status_mb
-from tests.server.conftest import start_server, unread_stream, wait_idle
+from tests.server.conftest import engine_of, start_server, unread_stream, wait_idle
 
 FAST = {"prompt": "fast", "max_tokens": 16, "ignore_eos": True, "temperature": 0}
 
@@ -108,36 +109,47 @@ VICTIM = {"prompt": "victim", "max_tokens": 20, "ignore_eos": True, "temperature
 BIG = {"prompt": "a long story", "max_tokens": 400, "n": 128, "ignore_eos": True, "stream": True}
 
 
-async def _victim_beside_big(url: str) -> float:
+async def _victim_beside_big(url: str) -> tuple[float, float]:
+    """The victim's (send, done) times, sent while the n = 128 request steps."""
     async with aiohttp.ClientSession() as s:
         big = asyncio.ensure_future(_timed(s, url, BIG))
         await asyncio.sleep(1.0)  # the big request is stepping: the victim lands mid-step
         try:
-            return await _timed(s, url, VICTIM)
+            t = time.perf_counter()
+            await _timed(s, url, VICTIM)
+            return t, time.perf_counter()
         finally:
             big.cancel()  # the client leaves: the server aborts its 128 sequences
 
 
-def test_a_stream_sent_while_n_128_steps(server):
-    """On the oracle a step costs the sum of its sequences. The victim waits for the step in
-    flight, which holds at most scheduler.SERIAL_STEP_SEQS (4) sequences, not 128 (it took 5.9x
-    its time alone when the step held them all); then the fair share gives each request one row a
-    step. Bound: a step of both rows costs 1 + r victim rows, r the big row's cost (up to 1.8 on
-    kipp-tiny, its context being longer), so (1 + 1.8) + 4 x 1.8 / 21 steps = 3.1x, and the HTTP
-    path beside a streaming neighbour and a loaded 2-core host add up to half again: 5x.
-    Alone and beside in turns, best of each."""
+def test_a_stream_sent_while_n_128_steps(server, monkeypatch):
+    """The victim's 20 tokens over HTTP beside an n = 128 stream take the steps the engine gives
+    them (tests/core/test_fairness.py: a seat in every step, two rows each), and the server adds
+    little to those steps' time: its 128 choices' output does not hold the victim back. Measured
+    against the engine's own step times in the same window, so that a loaded host slows both
+    sides alike; the wall-clock ratio to the victim alone is tools/profile/server_probe.py
+    fairness's figure (BENCHMARKS.md)."""
+    backend = engine_of(server).backend
+    steps: list[tuple[float, float, int]] = []  # (start, seconds, rows)
 
-    async def alone() -> float:
-        async with aiohttp.ClientSession() as s:
-            return await _timed(s, server.url, VICTIM)
+    def spy(batch, run=backend.execute):
+        t = time.perf_counter()
+        try:
+            return run(batch)
+        finally:
+            steps.append((t, time.perf_counter() - t, len(batch.seqs)))
 
-    asyncio.run(alone())  # warm
-    t_alone, t_beside = [], []
-    for _ in range(2):
-        t_alone.append(asyncio.run(alone()))
-        t_beside.append(asyncio.run(_victim_beside_big(server.url)))
-        wait_idle(server)
-    assert min(t_beside) < 5 * min(t_alone), (t_alone, t_beside)
+    monkeypatch.setattr(backend, "execute", spy)
+    t0, t1 = asyncio.run(_victim_beside_big(server.url))
+    wait_idle(server)
+    during = [(dt, rows) for t, dt, rows in steps if t0 <= t <= t1]
+    # 20 tokens (one prefill step) and at most the step in flight at arrival and one queued
+    assert len(during) <= VICTIM["max_tokens"] + 2, during
+    assert max(rows for _, rows in during) <= SERIAL_STEP_SEQS, during
+    # The HTTP path of one short request costs a few steps' time on the oracle; 1.5x its steps
+    # plus 0.25 s fails a server that serves the big stream's output before the victim's.
+    busy = sum(dt for dt, _ in during)
+    assert t1 - t0 < 1.5 * busy + 0.25, (t1 - t0, busy, len(during))
 
 
 def test_the_access_log_line(tiny_path, caplog):
