@@ -6,8 +6,9 @@ sequence's queries attend causally over its whole context (cached tokens plus it
   (kipp_mlx.kernels.decode_attention) when the ladder chose it, else its reference (the slots
   gathered, padded to the longest context, and masked SDPA);
 - every other sequence (prefill chunks, verification rows): its context's slots gathered into one
-  contiguous copy, then mx.fast.scaled_dot_product_attention with a lower-right causal mask. The
-  copy moves O(context) bytes against O(new tokens x context) FLOPs of attention, under 5% of a
+  contiguous copy, then causal attention with lower-right alignment in query chunks
+  (kipp_mlx.prefill_attention: SDPA, or key tiles where SDPA would hold every score). The copy
+  moves O(context) bytes against O(new tokens x context) FLOPs of attention, under 5% of a
   2,048-token chunk's attention time even at a 131,072-token context.
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from kipp_mlx.kernels.decode_attention import sdpa_padded
 from kipp_mlx.kv_cache import PagedKVCache
+from kipp_mlx.prefill_attention import prefill_attention
 
 QUERY_CHUNK = 512  # query rows per attention call in a prefill
 MAX_PADDED_SLOTS = 1 << 16  # the batched decode reference gathers at most B * S slots
@@ -137,18 +139,12 @@ def attend(
         k, v = kv.read(layer, meta.context_slots[c0 : c0 + sp.context_len])  # [ctx, Hkv, D]
         c0 += sp.context_len
         k, v = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]  # [1, Hkv, ctx, D]
-        # Long prefills run in query chunks, so the scores stay [Hq, QUERY_CHUNK, ctx]; a chunk
-        # ending at row b sees keys up to ctx - L + b (lower-right causal alignment).
+        # Long prefills run in query chunks; a chunk ending at row b sees keys up to
+        # ctx - L + b (lower-right causal alignment), in key tiles past SCORE_TILE scores.
         for a in range(0, sp.q_len, QUERY_CHUNK):
             b = min(sp.q_len, a + QUERY_CHUNK)
             n_keys = sp.context_len - sp.q_len + b
             qs = q[sp.q_start + a : sp.q_start + b].transpose(1, 0, 2)[None]  # [1, Hq, L, D]
-            o = mx.fast.scaled_dot_product_attention(
-                qs,
-                k[:, :, :n_keys],
-                v[:, :, :n_keys],
-                scale=scale,
-                mask="causal" if b - a > 1 else None,
-            )
+            o = prefill_attention(qs, k[:, :, :n_keys], v[:, :, :n_keys], scale)
             outs.append(o[0].transpose(1, 0, 2))
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
