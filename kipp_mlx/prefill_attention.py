@@ -1,21 +1,25 @@
 """Attention of one sequence's query rows over its contiguous context, bounded in memory.
 
 `prefill_attention` is mx.fast.scaled_dot_product_attention (the reference) while the scores of
-one call fit in SCORE_TILE elements, or on Metal, whose SDPA for many query rows is one fused
-kernel. Elsewhere (MLX's CUDA build fuses only single-row SDPA; the CPU never) SDPA computes the
-whole [Hq, L, keys] score matrix: 2 GiB in bfloat16 for 512 rows of 16 heads at 131,072 keys.
-Past the tile, `tiled_attention` walks the keys SCORE_TILE / (Hq L) at a time with an online
-softmax (running max and sum in float32, as flash attention does); each tile's keys wait for the
-previous tile's state (mx.depends), so one tile's temporaries are live at a time and the peak
-does not grow with the context. Matmuls run in the inputs' dtype, as MLX's own SDPA fallback
-runs them; the softmax and the output's accumulation are float32.
+one call fit in SDPA_SCORES elements, and always on Metal, whose SDPA for many query rows is one
+fused kernel. Elsewhere (MLX's CUDA build fuses only single-row SDPA; the CPU never) SDPA holds
+the whole [Hq, L, keys] score matrix, growing with the context: 512 rows of 16 heads take 532 MiB
+at 32,768 keys and 2.1 GiB at 131,072 on the CPU (benchmarks/2026-12-02-3af5938-cpu). Past
+SDPA_SCORES, `tiled_attention` walks the keys SCORE_TILE / (Hq L) at a time with an online
+softmax (running max and sum in float32, as flash attention does). Its peak is about ten tiles'
+float32 scores whatever the context (MLX keeps a few tiles' temporaries alive at once: 2.4 GiB
+at 32,768 keys, 2.8 GiB at 131,072), so it takes over where SDPA would hold more than that: past
+65,536 keys for 32 heads, 131,072 for 16. Each tile's keys wait for the previous tile's state
+(mx.depends), else MLX may compute every tile's scores up front. Matmuls run in the inputs'
+dtype, as MLX's own SDPA fallback runs them; the softmax and the accumulation are float32.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-SCORE_TILE = 1 << 26  # score elements one call may hold: 128 MiB in bfloat16, 256 in float32
+SDPA_SCORES = 1 << 30  # past this many scores in one call (2 GiB in bf16), tiles hold fewer
+SCORE_TILE = 1 << 26  # scores a tile: 256 MiB in float32
 
 
 def _fused_sdpa() -> bool:
@@ -26,7 +30,7 @@ def prefill_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx
     """q [1, Hq, L, D]; k, v [1, Hkv, N, D] with N >= L, causal with lower-right alignment (row i
     sees keys up to N - L + i). Returns [1, Hq, L, D] in q's dtype."""
     L, N = q.shape[2], k.shape[2]
-    if q.shape[1] * L * N <= SCORE_TILE or _fused_sdpa():
+    if q.shape[1] * L * N <= SDPA_SCORES or _fused_sdpa():
         mask = "causal" if L > 1 else None
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     return tiled_attention(q, k, v, scale, max(1, SCORE_TILE // (q.shape[1] * L)))

@@ -1,6 +1,6 @@
 """Key-tiled prefill attention against MLX's SDPA (the reference) and a float64 numpy softmax
 computed here: GQA and MHA, query rows fewer than keys (lower-right causal alignment), tiles that
-split the masked edge, one row; and the switch to tiles past SCORE_TILE, down to the model's
+split the masked edge, one row; and the switch to tiles past SDPA_SCORES, down to the model's
 logits against the oracle."""
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def test_past_the_score_tile_the_keys_are_tiled(monkeypatch):
     monkeypatch.setattr(pa, "tiled_attention", lambda *a: calls.append(a[-1]) or tiled(*a))
     q, k, v = (mx.array(x.astype(np.float32)) for x in _inputs(4, 2, 6, 20))
     whole = pa.prefill_attention(q, k, v, 0.2)
-    assert calls == []  # 4 x 6 x 20 scores fit the default tile
+    assert calls == []  # 4 x 6 x 20 scores are few enough for SDPA
+    monkeypatch.setattr(pa, "SDPA_SCORES", 4 * 6 * 20 - 1)
     monkeypatch.setattr(pa, "SCORE_TILE", 4 * 6 * 5)
     part = pa.prefill_attention(q, k, v, 0.2)
     assert calls == [5]
@@ -89,6 +90,7 @@ def test_a_long_prefill_in_key_tiles_matches_oracle(make_checkpoint, monkeypatch
     from tests.mlx.conftest import run_logits
 
     cfg = small_config(vocab_size=512, num_attention_heads=8, num_key_value_heads=2)
+    monkeypatch.setattr(pa, "SDPA_SCORES", 0)
     monkeypatch.setattr(pa, "SCORE_TILE", cfg.num_attention_heads * 13 * 3)
     path = make_checkpoint(cfg, seed=3)
     ids = random_ids(45, 512, seed=1)
