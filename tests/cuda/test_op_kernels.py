@@ -122,10 +122,11 @@ def test_yarn_rope_cache_matches_transformers():
     pos = torch.tensor([[0, 1, 4095, 32767, 32768, 100000, 131071]])
     cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
     got = qr.rope_cos_sin_cache(131072, 128, 1e6, "cpu", dict(YARN_8B))[pos[0]].double()
-    # torch's float32 pow is an ulp off at some frequencies (numpy's is correctly rounded), so
-    # the angles differ by up to angle x 2^-23; then two libms' cos/sin, an ulp each (x 1.14)
+    # The float32 frequencies differ by up to 4 ulps (tests/oracle/test_yarn.py: torch's pow and
+    # the blend's roundings; 2 seen with transformers 5.24), so the angles by angle x 4 x 2^-23;
+    # then two libms' cos/sin, an ulp each, times the attention factor (1.14)
     angle = pos[0, :, None].double() * rot.inv_freq.double()
-    tol = rot.attention_scaling * (angle * 2**-23 + 2**-23)
+    tol = rot.attention_scaling * (4 * angle * 2**-23 + 2**-23)
     assert ((got[:, :64] - cos[0, :, :64]).abs() <= tol).all()
     assert ((got[:, 64:] - sin[0, :, :64]).abs() <= tol).all()
     assert rot.attention_scaling > 1.1 and got[0, 0] == np.float32(rot.attention_scaling)
