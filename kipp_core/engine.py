@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 from kipp_core.backend import Backend, ModelInput, SeqInput, SeqOutput
 from kipp_core.block_manager import BlockManager
+from kipp_core.model_input import seq_input
 from kipp_core.outputs import RequestMetrics, RequestOutput
 from kipp_core.quarantine import Quarantine
 from kipp_core.request import Request, SeqState, request_output, validate_prompt
-from kipp_core.sampling import SamplerState, SamplingParams, stop_token_set
+from kipp_core.sampling import SamplingParams, stop_token_set
 from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from kipp_core.sequence import SeqStatus, Sequence
 from kipp_core.stats import EngineCounters
@@ -77,8 +78,7 @@ class LLMEngine:
             raise ValueError(
                 f"the KV cache holds {capacity} tokens ({backend.num_blocks} blocks of "
                 f"{backend.block_size}), less than one full-context request of "
-                f"{self.max_model_len} "
-                f"tokens; raise the KV budget or lower max_model_len"
+                f"{self.max_model_len} tokens; raise the KV budget or lower max_model_len"
             )
         self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
         self.scheduler.serial_seqs = bool(getattr(backend, "serial_seqs", False))
@@ -290,47 +290,8 @@ class LLMEngine:
             s.seq.num_pending += 1
 
     def _seq_input(self, s: ScheduledSeq, drafts) -> SeqInput:
-        seq = s.seq
-        start = seq.num_computed_tokens
-        n_real = s.num_new_tokens - len(s.draft_token_ids)
-        tokens = [seq.token_at(i) for i in range(start, start + n_real)] + s.draft_token_ids
-        inp = SeqInput(seq.seq_id, tokens, start, list(seq.block_table))
-        if seq.cached_end is not None:  # a prompt-end hit: no tokens, the saved hidden state
-            inp.cached_hidden, src, dst = seq.cached_end
-            inp.copy_block = None if src is None else (src, dst)
-            seq.cached_end = None
-        if seq.first_scheduled_time is None:
-            seq.first_scheduled_time = time.monotonic()
-        req = self.requests[seq.request_id]
-        p = seq.params
-        # Prompt logprobs: row j (position start + j) predicts the prompt token at start + j + 1.
-        if p.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
-            end = min(start + n_real + 1, seq.num_prompt_tokens)
-            if end > start + 1:
-                inp.score_targets = seq.prompt_token_ids[start + 1 : end]
-                inp.num_score_logprobs = p.prompt_logprobs
-        if s.samples and not req.score_only:
-            inp.sampler = SamplerState(
-                p,
-                seq.seed,
-                seq.stream,
-                seq.prompt_token_ids,
-                seq.output_token_ids,
-                req.states[seq.stream].stop_ids,
-                seq.num_pending,
-            )
-            if p.structured_outputs is not None:
-                inp.sampler.allowed = self.structured.mask(seq, inp.sampler.stop_token_ids)
-            thought = req.states[seq.stream].thought
-            if thought is not None:  # a spent thinking budget forces the closing tokens
-                inp.sampler.allowed = thought.mask(seq.output_token_ids, inp.sampler.allowed)
-            inp.num_logprobs = p.logprobs
-            if start + n_real == seq.num_prompt_tokens and not seq.output_token_ids and n_real:
-                inp.save_hidden = self.block_manager.reserve_end(seq, seq.num_prompt_tokens)
-            if s.draft_token_ids:
-                inp.draft_token_ids = list(s.draft_token_ids)
-                inp.draft_probs = drafts[seq.seq_id][1]
-        return inp
+        req = self.requests[s.seq.request_id]
+        return seq_input(s, req, drafts, self.structured, self.block_manager)
 
     def thought(self, seq: Sequence) -> Thought | None:
         """seq's thought under its thinking budget, or None."""
