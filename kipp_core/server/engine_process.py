@@ -4,11 +4,11 @@ has its own GIL, so the event loop's work no longer takes turns with the engine'
 (on an H200, 256 streams got 42% of the engine's offline throughput when both shared one GIL).
 
 The same EngineWorker as in-process serving runs in the child; commands and its per-step
-EngineMessages cross as pickles of plain data over two one-way pipes, a writer thread sending
-the commands (a full pipe never blocks the event loop) and a reader thread receiving the
-messages. The child is spawned (never forked: CUDA and MLX do not survive a fork), loads the
-model, and says "ready" or why not. If it dies, every stream ends with an error and new requests
-get 500s; if the API process goes away, the child's pipe closes and it stops.
+EngineMessages cross as pickles of plain data (the messages' outputs as tuples: wire.py) over two
+one-way pipes, a writer thread sending the commands (a full pipe never blocks the event loop) and a
+reader thread receiving the messages. The child is spawned (never forked: CUDA and MLX do not
+survive a fork), loads the model, and says "ready" or why not. If it dies, every stream ends with an
+error and new requests get 500s; if the API process goes away, the child's pipe closes and it stops.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 from kipp_core.server.engine_worker import STOP, EngineMessage, EngineWorker
+from kipp_core.server.wire import pack, unpack
 
 log = logging.getLogger("kipp")
 
@@ -53,7 +54,7 @@ def _child(model: str, llm_kwargs: dict, cmd_conn, msg_conn, log_level: int) -> 
             return STOP
 
     def post(msg: EngineMessage) -> None:
-        msg_conn.send_bytes(pickle.dumps(msg, _DUMP))
+        msg_conn.send_bytes(pickle.dumps(pack(msg), _DUMP))
 
     EngineWorker(llm.engine, recv, post).run()
 
@@ -108,7 +109,7 @@ class EngineProcess:
                     data = self._msg_r.recv_bytes()
                 except (EOFError, OSError):
                     break
-                post(pickle.loads(data))
+                post(unpack(pickle.loads(data)))
             if self._proc.is_alive():
                 self._proc.join(5)
             code = self._proc.exitcode
