@@ -20,8 +20,9 @@ from kipp_core.server.http_layer import no_versions
 from kipp_core.server.messages import count_tokens, create_message
 from kipp_core.server.metrics import CONTENT_TYPE, ServerMetrics
 from kipp_core.server.responses import create_response
-from kipp_core.server.streaming import DISCONNECTED, WRITE_TIMEOUT, dumps
+from kipp_core.server.streaming import DISCONNECTED, WRITE_WATCH, dumps
 from kipp_core.server.tokenize import detokenize, tokenize
+from kipp_core.server.write_watch import WriteWatch
 
 log = logging.getLogger("kipp")
 
@@ -174,7 +175,12 @@ def create_app(state: ServerState) -> web.Application:
         client_max_size=state.config.max_body_bytes,
     )
     app[STATE] = state
-    app[WRITE_TIMEOUT] = state.config.write_timeout
+    app[WRITE_WATCH] = watch = WriteWatch(state.config.write_timeout)
+
+    async def stop_watch(_app) -> None:
+        watch.stop()
+
+    app.on_cleanup.append(stop_watch)
     app.on_response_prepare.append(no_versions)
     app.router.add_post("/v1/completions", create_completion, expect_handler=expect_continue)
     for path, handler in (

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -12,15 +11,12 @@ from aiohttp import web
 
 from kipp_core.server.async_engine import EngineFailure
 from kipp_core.server.errors import APIError
+from kipp_core.server.write_watch import WriteWatch
 
 DISCONNECTED = web.RequestKey("kipp_disconnected", bool)  # set when a stream's client went away
-WRITE_TIMEOUT = web.AppKey("kipp_write_timeout", float)  # seconds; 0: none
+WRITE_WATCH = web.AppKey("kipp_write_watch", WriteWatch)  # the write timeout (absent: none)
 
 log = logging.getLogger("kipp")
-
-
-class SlowClient(Exception):
-    """The client did not take a write within the write timeout."""
 
 
 def dumps(obj) -> bytes:
@@ -34,6 +30,7 @@ class EventStream:
     def __init__(self, request: web.Request, named: bool = False):
         self._request = request
         self.named = named
+        self._watch = request.app.get(WRITE_WATCH)
         self.response = web.StreamResponse(
             status=200,
             headers={
@@ -58,24 +55,31 @@ class EventStream:
         await self._write(data)
 
     async def _write(self, data: bytes) -> None:
-        # A write waits only when the transport's buffer is full: the client is not reading.
-        # asyncio.timeout (3.11) arms one timer; wait_for made a task a write, per token.
-        timeout = self._request.app.get(WRITE_TIMEOUT) or None
+        await self._watched(self.response.write(data))
+
+    async def _watched(self, write) -> None:
+        watch = self._watch
+        if watch is not None:
+            watch.began(self, self._too_slow)
         try:
-            if timeout is None:
-                await self.response.write(data)
-            elif hasattr(asyncio, "timeout"):
-                async with asyncio.timeout(timeout):
-                    await self.response.write(data)
-            else:
-                await asyncio.wait_for(self.response.write(data), timeout)
-        except asyncio.TimeoutError:
-            raise SlowClient from None
+            await write
+        finally:
+            if watch is not None:
+                watch.ended(self)
+
+    def _too_slow(self) -> None:
+        """The watch's verdict: the write has waited past the timeout; the connection goes (the
+        handler is cancelled or its write raises, and the request is aborted)."""
+        request = self._request
+        log.warning("aborting %s: its client took no data for the write timeout", request.path)
+        request[DISCONNECTED] = True
+        if request.transport is not None:
+            request.transport.abort()  # drops what is buffered; the write raises
 
     async def finish(self) -> None:
         if not self.named:
             await self._write(b"data: [DONE]\n\n")
-        await self.response.write_eof()
+        await self._watched(self.response.write_eof())
 
 
 def openai_error(message: str) -> list[dict]:
@@ -98,11 +102,6 @@ async def stream_response(
     except EngineFailure as e:
         await events.send(failed(str(e)))
         await events.finish()
-    except SlowClient:
-        log.warning("aborting %s: its client took no data for the write timeout", request.path)
-        request[DISCONNECTED] = True
-        if request.transport is not None:
-            request.transport.abort()  # drops what is buffered for it
     except ConnectionResetError:
         request[DISCONNECTED] = True
     return events.response

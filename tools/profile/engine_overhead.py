@@ -23,16 +23,38 @@ from kipp_core.tiny import TINY, write_checkpoint
 
 
 class NoOpBackend:
-    """The backend contract with no model: every sequence of a step gets token 5."""
+    """The backend contract with no model: every sequence of a step gets token 5, after
+    `step_s` seconds from the step's start (a device's time, the host idle meanwhile)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, step_s: float = 0.0):
         self.config = inner.config
         self.block_size = inner.block_size
         self.num_blocks = inner.num_blocks
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
+        self.step_s = step_s
 
     def execute(self, batch) -> list[SeqOutput]:
+        if self.step_s:
+            time.sleep(self.step_s)
         return [SeqOutput(token_ids=[5]) for _ in batch.seqs]
+
+
+def noop_engine_child(model, llm_kwargs, cmd_conn, msg_conn, log_level, step_s=0.0) -> None:
+    """kipp_core.server.engine_process._child with NoOpBackend(step_s) in place of the model (a
+    process target: api_overhead.py)."""
+    import kipp_core.llm
+
+    real = kipp_core.llm.LLM
+
+    class NoOpLLM(real):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.engine.backend = NoOpBackend(self.engine.backend, step_s)
+
+    kipp_core.llm.LLM = NoOpLLM
+    from kipp_core.server import engine_process
+
+    engine_process._child(model, llm_kwargs, cmd_conn, msg_conn, log_level)
 
 
 def main() -> None:
