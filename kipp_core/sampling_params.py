@@ -177,7 +177,9 @@ class SamplingParams:
             v[name] = _as_bool(name, getattr(self, name))
         if v["temperature"] < 0:
             raise _bad("temperature", ">= 0", self.temperature)
-        if np.isinf(np.float32(v["temperature"])):
+        with np.errstate(over="ignore"):  # a value past float32's range is refused below
+            t32, rp32 = np.float32(v["temperature"]), np.float32(v["repetition_penalty"])
+        if np.isinf(t32):
             raise _bad(
                 "temperature", f"at most {F32_MAX:.8g} (it runs in float32)", self.temperature
             )
@@ -185,7 +187,6 @@ class SamplingParams:
             raise _bad("top_p", "in (0, 1]", self.top_p)
         if v["top_k"] < -1:
             raise _bad("top_k", "-1 (off), 0 (off) or positive", self.top_k)
-        rp32 = np.float32(v["repetition_penalty"])
         if not F32_TINY <= rp32 <= F32_MAX:  # also > 0: 0 and subnormals are below TINY
             raise _bad(
                 "repetition_penalty",
