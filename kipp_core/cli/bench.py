@@ -20,6 +20,7 @@ from kipp_core.cli.common import (
     positive_int,
     setup_logging,
 )
+from kipp_core.gc_heap import freeze_loaded_heap
 
 EPILOG = """examples:
   kipp bench --model kipp-tiny --backend oracle --batch-sizes 1 --prompt-len 64 --gen-len 16
@@ -187,8 +188,10 @@ def main(argv: list[str]) -> int:
     def log(msg):
         print(f"kipp bench: {msg}", file=sys.stderr)
 
+    freeze_loaded_heap()  # as the engine process of `kipp serve` runs, for a like comparison
     result = bench.run_benchmarks(llm, spec, log)
     check()
+    gc.unfreeze()  # the LLM's cycles must be collectable again
     del llm  # free the device for the peers
     gc.collect()
     if backend == "cuda":

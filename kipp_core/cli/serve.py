@@ -24,6 +24,7 @@ from kipp_core.cli.common import (
     positive_int,
     setup_logging,
 )
+from kipp_core.gc_heap import freeze_loaded_heap
 from kipp_core.resolve import check_model_name
 
 log = logging.getLogger("kipp")
@@ -200,6 +201,7 @@ async def _serve(args) -> None:
         if server.loaded.done():
             server.loaded.result()  # raises if loading failed
             server.state.ctx.offload.start()  # its fork must not pause a request later
+            freeze_loaded_heap()  # the tokenizer and templates, out of full collections
             log.info("model loaded; ready")
             await stopped
     finally:

@@ -21,6 +21,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from kipp_core.gc_heap import freeze_loaded_heap
 from kipp_core.server.engine_worker import STOP, EngineMessage, EngineWorker
 from kipp_core.server.wire import pack, unpack
 
@@ -43,6 +44,7 @@ def _child(model: str, llm_kwargs: dict, cmd_conn, msg_conn, log_level: int) -> 
         why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
         msg_conn.send_bytes(pickle.dumps(("error", why), _DUMP))
         return
+    freeze_loaded_heap()  # the model and tokenizer, out of the collector's full passes
     msg_conn.send_bytes(pickle.dumps(("ready", llm.engine.metrics()), _DUMP))
 
     def recv(block: bool):

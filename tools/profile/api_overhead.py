@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 from kipp_core.frontend import Frontend
+from kipp_core.gc_heap import freeze_loaded_heap
 from kipp_core.server.context import ServerConfig
 from kipp_core.server.engine_process import EngineProcess
 from kipp_core.server.server import APIServer, ServerThread
@@ -65,6 +66,7 @@ def main() -> None:
         except OSError:
             assert time.monotonic() < deadline, "the server did not load"
             time.sleep(0.2)
+    freeze_loaded_heap()  # as `kipp serve` does once loaded
     prof = cProfile.Profile() if args.profile else None
     try:
         if prof is not None:  # the event loop's thread
