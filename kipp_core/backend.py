@@ -29,6 +29,15 @@ PENDING = -1  # a token id not yet known to the host: the previous step's sample
 SCORE_CHUNK = 256
 
 
+def score_in_chunks(targets: list[int], score_rows) -> list:
+    """Prompt logprobs of `targets` (row j predicts targets[j]), SCORE_CHUNK rows at a time:
+    `score_rows(a, chunk)` scores rows a .. a + len(chunk) - 1 against `chunk`."""
+    scores = []
+    for a in range(0, len(targets), SCORE_CHUNK):
+        scores += score_rows(a, targets[a : a + SCORE_CHUNK])
+    return scores
+
+
 @dataclass
 class SeqInput:
     seq_id: int

@@ -16,7 +16,7 @@ import logging
 import numpy as np
 import torch
 
-from kipp_core.backend import SCORE_CHUNK, ModelInput, SeqOutput
+from kipp_core.backend import ModelInput, SeqOutput, score_in_chunks
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_cuda import kv_cache
@@ -205,12 +205,11 @@ class ModelRunner:
 
     def _score(self, hidden: torch.Tensor, row0: int, targets: list[int], top_n: int) -> list:
         """Prompt logprobs of hidden rows row0.. (row j predicts targets[j]), in chunks."""
-        scores = []
-        for a in range(0, len(targets), SCORE_CHUNK):
-            t = targets[a : a + SCORE_CHUNK]
-            logits = self.model.compute_logits(hidden[row0 + a : row0 + a + len(t)])
-            scores += token_logprobs(logits, t, top_n)
-        return scores
+        logits = self.model.compute_logits
+        return score_in_chunks(
+            targets,
+            lambda a, t: token_logprobs(logits(hidden[row0 + a : row0 + a + len(t)]), t, top_n),
+        )
 
     def _from_cache(self, batch: ModelInput, hits: list[int]):
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved

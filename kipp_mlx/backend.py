@@ -19,11 +19,11 @@ from mlx.utils import tree_flatten
 
 from kipp_core.backend import (
     PENDING,
-    SCORE_CHUNK,
     BackendOptions,
     ModelInput,
     SeqInput,
     SeqOutput,
+    score_in_chunks,
 )
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
@@ -237,12 +237,11 @@ class MlxBackend:
 
     def _score(self, step: _Step, i: int, out: SeqOutput) -> None:
         s = step.seqs[i]
-        out.scores = []
-        targets = s.score_targets
-        for a in range(0, len(targets), SCORE_CHUNK):
-            t = targets[a : a + SCORE_CHUNK]
-            rows = step.rows(i, s.score_start + a, s.score_start + a + len(t))
-            out.scores += token_logprobs(rows, t, [s.num_score_logprobs] * len(t))
+        row0, n = s.score_start, s.num_score_logprobs
+        out.scores = score_in_chunks(
+            s.score_targets,
+            lambda a, t: token_logprobs(step.rows(i, row0 + a, row0 + a + len(t)), t, [n] * len(t)),
+        )
 
 
 class _Pending:

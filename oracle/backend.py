@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from kipp_core.backend import SCORE_CHUNK, BackendOptions, ModelInput, SeqInput, SeqOutput
+from kipp_core.backend import BackendOptions, ModelInput, SeqInput, SeqOutput, score_in_chunks
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.kv_memory import parse_kv_memory
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
@@ -131,12 +131,13 @@ class OracleBackend:
         if s.return_logits:
             out.logits = compute_logits(self.weights, hidden).astype(np.float32)
         if s.score_targets:
-            out.scores = []
-            for a in range(0, len(s.score_targets), SCORE_CHUNK):
-                t = s.score_targets[a : a + SCORE_CHUNK]
+
+            def score_rows(a: int, t: list[int]) -> list:
                 row0 = s.score_start + a
                 rows = self._logits(hidden[row0 : row0 + len(t)], out, row0)
-                out.scores += logprobs_rows(rows, t, s.num_score_logprobs)
+                return logprobs_rows(rows, t, s.num_score_logprobs)
+
+            out.scores = score_in_chunks(s.score_targets, score_rows)
         if s.sampler is not None:
             k = len(s.draft_token_ids)
             rows = self._logits(hidden[-(k + 1) :], out, len(s.token_ids) - k - 1)
