@@ -5,11 +5,13 @@ against a 4 ms median, tools/profile/engine_message.py --gc). `freeze_loaded_hea
 is alive after loading to the collector's permanent generation, as vLLM's engine core does, so
 the full passes scan only what requests allocate (p99 10 ms). Called in the processes Kipp owns
 (the engine process, `kipp serve`, `kipp bench`), never from the library: a program's objects
-frozen by surprise could never be collected as cycles."""
+frozen for good could never be collected as cycles. The library's offline runs (LLM.generate)
+hold the heap frozen only while they run (`heap_frozen`), then give it back to the collector."""
 
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 
 
 def freeze_loaded_heap() -> int:
@@ -17,3 +19,17 @@ def freeze_loaded_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@contextmanager
+def heap_frozen():
+    """Freeze what is alive for the duration, then unfreeze it; a heap already frozen (by
+    freeze_loaded_heap) stays as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()  # no collection first: garbage frozen here is collected after the run
+    try:
+        yield
+    finally:
+        gc.unfreeze()

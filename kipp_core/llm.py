@@ -11,6 +11,7 @@ from kipp_core.backend import BackendOptions, ModelInput, SeqInput, backend_clas
 from kipp_core.checkpoint import Checkpoint
 from kipp_core.engine import EngineConfig, LLMEngine
 from kipp_core.frontend import Frontend
+from kipp_core.gc_heap import heap_frozen
 from kipp_core.kv_budget import kv_summary
 from kipp_core.long_context import long_context_config
 from kipp_core.outputs import RequestOutput
@@ -225,6 +226,10 @@ class LLM:
         return np.concatenate(rows, axis=0)
 
     def _run(self, items, use_tqdm) -> list[RequestOutput]:
+        with heap_frozen():  # full collections skip what was alive before (gc_heap.py)
+            return self._drive(items, use_tqdm)
+
+    def _drive(self, items, use_tqdm) -> list[RequestOutput]:
         engine = self.engine
         order = []
         results: dict[str, RequestOutput] = {}

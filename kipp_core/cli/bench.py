@@ -189,9 +189,11 @@ def main(argv: list[str]) -> int:
         print(f"kipp bench: {msg}", file=sys.stderr)
 
     freeze_loaded_heap()  # as the engine process of `kipp serve` runs, for a like comparison
-    result = bench.run_benchmarks(llm, spec, log)
-    check()
-    gc.unfreeze()  # the LLM's cycles must be collectable again
+    try:
+        result = bench.run_benchmarks(llm, spec, log)
+        check()
+    finally:
+        gc.unfreeze()  # the LLM's cycles must be collectable again
     del llm  # free the device for the peers
     gc.collect()
     if backend == "cuda":

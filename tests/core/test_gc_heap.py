@@ -7,6 +7,7 @@ import gc
 import weakref
 
 from kipp_core.gc_heap import freeze_loaded_heap
+from kipp_core.sampling import SamplingParams
 
 
 class _Node:
@@ -14,6 +15,7 @@ class _Node:
 
 
 def test_alive_objects_are_frozen_and_earlier_garbage_collected():
+    gc.unfreeze()
     kept = _Node()
     kept.self = kept
     garbage = _Node()
@@ -28,3 +30,26 @@ def test_alive_objects_are_frozen_and_earlier_garbage_collected():
     finally:
         gc.unfreeze()
     assert any(o is kept for o in gc.get_objects())
+
+
+def test_heap_frozen_gives_the_heap_back_and_keeps_a_frozen_one():
+    from kipp_core.gc_heap import heap_frozen
+
+    gc.unfreeze()  # whatever another test of this process left
+    with heap_frozen():
+        inside = gc.get_freeze_count()
+    assert inside > 0 and gc.get_freeze_count() == 0  # a library run leaves nothing frozen
+    try:
+        before = freeze_loaded_heap()
+        with heap_frozen():
+            pass
+        assert gc.get_freeze_count() == before  # a process's frozen heap stays frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_generate_leaves_nothing_frozen(llm_factory):
+    gc.unfreeze()
+    llm = llm_factory("oracle")
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    assert gc.get_freeze_count() == 0
