@@ -88,3 +88,9 @@ def pending_rows(batch: ModelInput, ids: np.ndarray, q_lens: np.ndarray, last_ro
             )
         src.append(row)
     return dst.tolist(), src
+
+
+def in_order(pending: tuple[list[int], list[int]]) -> bool:
+    """pending_rows' steady state: the last step's sampled sequences, in its order, first."""
+    dst, src = pending
+    return dst == src == list(range(len(dst)))

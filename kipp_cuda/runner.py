@@ -23,7 +23,7 @@ from kipp_cuda import kv_cache
 from kipp_cuda.attention import AttentionMetadata, LayerKV
 from kipp_cuda.graph_sizes import PREFILL_GRAPH_TOKENS, graph_batch_sizes, prefill_buckets
 from kipp_cuda.model import Qwen3Model
-from kipp_cuda.pending import PendingSamples, PinnedRing, pending_rows
+from kipp_cuda.pending import PendingSamples, PinnedRing, in_order, pending_rows
 from kipp_cuda.resident import ResidentDecode
 from kipp_cuda.sampler import sample_tokens, token_logprobs
 from kipp_cuda.staging import FROM, IDS, POS, SLOT, GraphInputs, flat_inputs, upload
@@ -118,7 +118,7 @@ class ModelRunner:
         rows, spans, scored = [], [], []
         off = 0
         for i, s in enumerate(batch.seqs):
-            if s.score_targets:  # scored a chunk at a time from the hidden rows (_score)
+            if s.score_targets:  # scored a chunk at a time from the hidden rows
                 scored.append((i, off + s.score_start))
             n = len(s.token_ids)
             if s.save_hidden is not None:
@@ -143,9 +143,14 @@ class ModelRunner:
             rows.extend(off + r for r in local)
             off += n
         outs = [SeqOutput() for _ in batch.seqs]
-        for i, row0 in scored:
+        for i, row0 in scored:  # hidden row row0 + j predicts score_targets[j]
             s = batch.seqs[i]
-            outs[i].scores = self._score(hidden, row0, s.score_targets, s.num_score_logprobs)
+
+            def score(a, t, row0=row0, n=s.num_score_logprobs):
+                rows = hidden[row0 + a : row0 + a + len(t)]
+                return token_logprobs(self.model.compute_logits(rows), t, n)
+
+            outs[i].scores = score_in_chunks(s.score_targets, score)
         if not rows and not hits:
             return PendingSamples(outs)
         if rows and logits is None:
@@ -203,14 +208,6 @@ class ModelRunner:
         rows = [i for i, _ in plain]
         return PendingSamples(outs, rows, toks if plain else None, self._pins.next(), ring)
 
-    def _score(self, hidden: torch.Tensor, row0: int, targets: list[int], top_n: int) -> list:
-        """Prompt logprobs of hidden rows row0.. (row j predicts targets[j]), in chunks."""
-        logits = self.model.compute_logits
-        return score_in_chunks(
-            targets,
-            lambda a, t: token_logprobs(logits(hidden[row0 + a : row0 + a + len(t)]), t, top_n),
-        )
-
     def _from_cache(self, batch: ModelInput, hits: list[int]):
         """Prompt-end hits: copy their tail blocks and compute their logits [H, V] from the saved
         hidden states, before anything of this step writes a block or a slot. One hit (the usual
@@ -235,12 +232,6 @@ class ModelRunner:
     def _index(self, rows: list[int]) -> torch.Tensor:
         return upload(np.asarray(rows, dtype=np.int64), self.device)
 
-    @staticmethod
-    def _in_order(pending) -> bool:
-        """The steady state: the last step's sampled sequences, in its order, pending first."""
-        dst, src = pending
-        return dst == src == list(range(len(dst)))
-
     def _last_in_place(self) -> bool:
         """Whether _last_tokens is g_last's prefix (always, with graphs, after a sampling step)."""
         t = self._last_tokens
@@ -251,7 +242,7 @@ class ModelRunner:
         if pending is None:
             return
         dst, src = pending
-        if self._in_order(pending):
+        if in_order(pending):
             ids[: len(dst)].copy_(self._last_tokens[: len(dst)])
         else:
             ids[self._index(dst)] = self._last_tokens[self._index(src)]
@@ -382,7 +373,7 @@ class ModelRunner:
             b = n
             # The steady state reads g_last in the graph (it holds _last_tokens, see
             # execute_async); any other pattern is filled below, before the graph rewrites it.
-            if pending is not None and self._in_order(pending) and self._last_in_place():
+            if pending is not None and in_order(pending) and self._last_in_place():
                 h[FROM, : len(pending[0])] = 1
                 pending = None
         else:  # padded queries follow the real ones; the sequence "has" size new tokens
@@ -396,7 +387,7 @@ class ModelRunner:
 
     def _steady(self, pending, n: int) -> bool:
         """Every row's PENDING id is g_last's same row: the decode graph takes them itself."""
-        ok = pending is not None and len(pending[0]) == n and self._in_order(pending)
+        ok = pending is not None and len(pending[0]) == n and in_order(pending)
         return ok and self._last_in_place()
 
     def _replay_graph(self, key, steady: bool, positions, ctx, bt) -> torch.Tensor:

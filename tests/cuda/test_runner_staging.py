@@ -87,9 +87,11 @@ def test_async_decode_graphs_equal_the_eager_loop(staged, llm_factory):
     seen = _spy_replays(runner)
     got = [o.token_ids for o in llm.generate(prompts, params)]
     assert got == want
+    from kipp_cuda.pending import in_order
+
     decodes = [r for r in seen if r["key"][0] == "decode" and r["pending"] is not None]
-    steady = [r for r in decodes if runner._in_order(r["pending"])]
-    other = [r for r in decodes if not runner._in_order(r["pending"])]
+    steady = [r for r in decodes if in_order(r["pending"])]
+    other = [r for r in decodes if not in_order(r["pending"])]
     assert len(steady) >= 5 and other, "the batch never ran both kinds of pending steps"
     for r in steady:  # the graph takes g_last's ids itself: nothing queued between
         k = len(r["pending"][0])
