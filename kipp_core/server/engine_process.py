@@ -66,13 +66,14 @@ class EngineProcess:
     in a spawned process. `launch()` blocks until the model is loaded (ValueError with the
     child's reason if it could not be)."""
 
-    def __init__(self, model: str, llm_kwargs: dict):
+    def __init__(self, model: str, llm_kwargs: dict, child: Callable = _child):
+        # child: the process's function, _child's arguments (a profile swaps the model out)
         ctx = multiprocessing.get_context("spawn")
         self._cmd_r, self._cmd_w = ctx.Pipe(duplex=False)
         self._msg_r, self._msg_w = ctx.Pipe(duplex=False)
         level = logging.getLogger("kipp").getEffectiveLevel()
         self._proc = ctx.Process(
-            target=_child,
+            target=child,
             args=(model, llm_kwargs, self._cmd_r, self._msg_w, level),
             name="kipp-engine",
             daemon=True,

@@ -14,7 +14,7 @@ from kipp_core.server.errors import APIError
 from kipp_core.server.write_watch import WriteWatch
 
 DISCONNECTED = web.RequestKey("kipp_disconnected", bool)  # set when a stream's client went away
-WRITE_WATCH = web.AppKey("kipp_write_watch", WriteWatch)  # the write timeout (absent: none)
+WRITE_WATCH = web.AppKey("kipp_write_watch", WriteWatch)  # every stream's write timeout
 
 log = logging.getLogger("kipp")
 
@@ -30,7 +30,7 @@ class EventStream:
     def __init__(self, request: web.Request, named: bool = False):
         self._request = request
         self.named = named
-        self._watch = request.app.get(WRITE_WATCH)
+        self._watch = request.app[WRITE_WATCH]
         self.response = web.StreamResponse(
             status=200,
             headers={
@@ -58,14 +58,11 @@ class EventStream:
         await self._watched(self.response.write(data))
 
     async def _watched(self, write) -> None:
-        watch = self._watch
-        if watch is not None:
-            watch.began(self, self._too_slow)
+        self._watch.began(self, self._too_slow)
         try:
             await write
         finally:
-            if watch is not None:
-                watch.ended(self)
+            self._watch.ended(self)
 
     def _too_slow(self) -> None:
         """The watch's verdict: the write has waited past the timeout; the connection goes (the

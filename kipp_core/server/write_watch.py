@@ -7,10 +7,7 @@ token at 256 streams (tools/profile/api_overhead.py)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
-
-log = logging.getLogger("kipp")
 
 CHECK_S = 1.0  # at most this much past the timeout before a stalled write is aborted
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -32,13 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/profile/
 from engine_overhead import noop_engine_child  # noqa: E402
 
 
-class NoOpEngineProcess(EngineProcess):
-    def __init__(self, model: str, llm_kwargs: dict, step_s: float):
-        super().__init__(model, llm_kwargs)
-        self._proc._target = noop_engine_child
-        self._proc._args = (*self._proc._args, step_s)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--num-requests", type=int, default=256)
@@ -52,7 +46,8 @@ def main() -> None:
 
     def launch():
         kw = {"backend": "oracle", "kv_cache_memory": "4GiB", "max_num_seqs": args.concurrency}
-        return Frontend(model), NoOpEngineProcess(model, kw, args.step_ms / 1e3)
+        child = functools.partial(noop_engine_child, step_s=args.step_ms / 1e3)
+        return Frontend(model), EngineProcess(model, kw, child)
 
     server = ServerThread(
         APIServer(ServerConfig(port=0, access_log=False), engine_process=launch)
