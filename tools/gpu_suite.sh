@@ -18,7 +18,8 @@
 #   serve       0.6B `kipp serve` (defaults) under 256 concurrent streams of kipp bench serve, a
 #               Poisson sweep at 10, 20 and 40 requests/s, then offline LLM.generate on the same
 #               workload at kipp serve's KV budget
-#   vllm        `vllm serve` (VLLM_SITE: its unpacked tree) under serve's 256 streams
+#   vllm        `vllm serve` (VLLM_SITE: its unpacked tree) under serve's load
+#   serve and vllm take a shape (0.6b, 8b); N and C set the requests and the concurrent streams
 #   all         env, tests, decode, prefill, throughput (and tp where two GPUs are visible)
 # Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
 # A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
@@ -149,57 +150,65 @@ ckpt() {  # the path of a registry shape's random-weight checkpoint (made on fir
   python -c "from kipp_core.tiny import random_checkpoint; print(random_checkpoint('$1'))" | tail -1
 }
 
-wait_up() {  # $1 URL, $2 seconds: until /v1/models answers
-  for _ in $(seq 1 "$2"); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 1; done
+wait_up() {  # $1 URL, $2 seconds, $3 the server's pid: until /v1/models answers or the server dies
+  for _ in $(seq 1 "$2"); do
+    curl -sf "$1/v1/models" > /dev/null && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 1
+  done
   return 1
 }
 
-load() {  # $1 URL, $2 name, rest: more kipp bench serve arguments
-  python -m kipp_core.cli.main bench serve --url "$1" --model m --num-requests 256 \
-    --concurrency 256 --min-len 100 --max-len 1024 --client-procs 4 --no-progress \
+load() {  # $1 URL, $2 name, rest: more kipp bench serve arguments (N and C: requests, streams)
+  python -m kipp_core.cli.main bench serve --url "$1" --model m --num-requests "${N:-256}" \
+    --concurrency "${C:-256}" --min-len 100 --max-len 1024 --client-procs 4 --no-progress \
     --json "$OUT/$2.json" --markdown "$OUT/$2.md" "${@:3}" 2>&1 | grep -E "^\| (conc|rate|load)" \
     | cut -c1-150
 }
 
-serve() {
-  local ck port=8123
-  ck=$(ckpt qwen3-0.6b)
-  step "kipp serve 0.6B, defaults"
+serve() {  # $1 shape (default 0.6b): kipp serve with its defaults, then offline at its KV budget
+  local shape=${1:-0.6b} ck port=8123 tag
+  tag=$(echo "$shape" | tr -d .)
+  ck=$(ckpt "qwen3-$shape")
+  step "kipp serve $shape, defaults, ${N:-256} requests at ${C:-256} streams"
   python -m kipp_core.cli.main serve --model "$ck" --backend cuda --port $port \
-    --served-model-name m --no-access-log > "$OUT/kipp_serve.log" 2>&1 &
+    --served-model-name m --no-access-log > "$OUT/kipp_serve$tag.log" 2>&1 &
   local pid=$!
-  wait_up "http://127.0.0.1:$port" 180 || { tail -5 "$OUT/kipp_serve.log"; return 1; }
-  grep -E "KV budget|engine process" "$OUT/kipp_serve.log" | cut -c1-220
-  load "http://127.0.0.1:$port" serve_kipp06
-  step "kipp serve 0.6B, Poisson arrivals"
-  load "http://127.0.0.1:$port" serve_kipp06_poisson --num-requests 64 --sweep-rates 10,20,40 \
-    --seed 1
+  wait_up "http://127.0.0.1:$port" 300 $pid || { tail -5 "$OUT/kipp_serve$tag.log"; return 1; }
+  grep -E "KV budget|engine process" "$OUT/kipp_serve$tag.log" | cut -c1-220
+  load "http://127.0.0.1:$port" "serve_kipp$tag"
+  if [ "$shape" = 0.6b ]; then
+    step "kipp serve 0.6B, Poisson arrivals"
+    N=64 load "http://127.0.0.1:$port" serve_kipp06_poisson --sweep-rates 10,20,40 --seed 1
+  fi
   kill -TERM $pid; wait $pid
   local budget
-  budget=$(grep -oE "KV budget [0-9.]+ GiB" "$OUT/kipp_serve.log" | grep -oE "[0-9.]+" | head -1)
+  budget=$(grep -oE "KV budget [0-9.]+ GiB" "$OUT/kipp_serve$tag.log" | grep -oE "[0-9.]+" | head -1)
   step "offline LLM.generate, the same workload at kipp serve's KV budget (${budget} GiB)"
   bench --model "$ck" --backend cuda --batch-sizes 1 --prompt-len 16 --gen-len 8 \
-    --num-requests 256 --min-len 100 --max-len 1024 --kv-cache-memory "${budget}GiB" \
-    --json "$OUT/offline06.json" 2>&1 | grep -E "hroughput"
+    --num-requests "${N:-256}" --min-len 100 --max-len 1024 --kv-cache-memory "${budget}GiB" \
+    --json "$OUT/offline$tag.json" 2>&1 | grep -E "hroughput"
 }
 
-vllm_serve() {  # vllm serve 0.6B (dummy weights, its defaults) under the workload of `serve`
+vllm_serve() {  # $1 shape (default 0.6b): vllm serve (dummy weights, its defaults), serve's load
   [ -n "${VLLM_SITE:-}" ] || { echo "vllm: set VLLM_SITE to vLLM's unpacked tree"; return 1; }
-  step "vllm serve 0.6B (dummy weights), defaults"
+  local shape=${1:-0.6b} tag
+  tag=$(echo "$shape" | tr -d .)
+  step "vllm serve $shape (dummy weights), defaults, ${N:-256} requests at ${C:-256} streams"
   (
     export PYTHONPATH=$VLLM_SITE PATH=$VLLM_SITE/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 \
       VLLM_USE_DEEP_GEMM=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CACHE_ROOT=/tmp/vllm_c \
       TRITON_CACHE_DIR=/tmp/vllm_t TORCHINDUCTOR_CACHE_DIR=/tmp/vllm_i XDG_CACHE_HOME=/tmp/vx
-    python "$VLLM_SITE/vc_smoke/make_dummy_qwen3.py" /tmp/vq06 --size 0.6b > /dev/null
-    exec vllm serve /tmp/vq06 --load-format dummy --dtype bfloat16 --max-model-len 4096 \
+    python "$VLLM_SITE/vc_smoke/make_dummy_qwen3.py" "/tmp/vq$tag" --size "$shape" > /dev/null
+    exec vllm serve "/tmp/vq$tag" --load-format dummy --dtype bfloat16 --max-model-len 4096 \
       --served-model-name m --port 8124
-  ) > "$OUT/vllm_serve.log" 2>&1 &
+  ) > "$OUT/vllm_serve$tag.log" 2>&1 &
   local vpid=$!
-  if wait_up http://127.0.0.1:8124 300; then
-    grep -iE "KV cache|GPU KV|memory" "$OUT/vllm_serve.log" | head -3 | cut -c1-200
-    load http://127.0.0.1:8124 serve_vllm06
+  if wait_up http://127.0.0.1:8124 400 $vpid; then
+    grep -iE "KV cache|GPU KV|memory" "$OUT/vllm_serve$tag.log" | head -3 | cut -c1-200
+    load http://127.0.0.1:8124 "serve_vllm$tag"
   else
-    tail -8 "$OUT/vllm_serve.log"
+    tail -8 "$OUT/vllm_serve$tag.log"
   fi
   kill -TERM $vpid 2>/dev/null; wait $vpid 2>/dev/null
 }
@@ -213,8 +222,8 @@ throughput) env_info; throughput ;;
 tp) env_info; tp ;;
 kernels) env_info; kernels ;;
 mlx) env_info; mlx ;;
-serve) env_info; serve ;;
-vllm) env_info; vllm_serve ;;
+serve) env_info; serve "${2:-0.6b}" ;;
+vllm) env_info; vllm_serve "${2:-0.6b}" ;;
 all)
   env_info; tests; decode; prefill; throughput
   if [ "$(gpus)" -ge 2 ]; then tp; fi
