@@ -4,10 +4,12 @@ A step is one flat batch of T new tokens, its decode sequences (one new token ea
 sequence's queries attend causally over its whole context (cached tokens plus its own new ones):
 - the decode rows: one batched attention over the block tables, through the paged decode kernel
   (kipp_mlx.kernels.decode_attention) when the ladder chose it, else its reference (the slots
-  gathered, padded to the longest context, and masked SDPA);
+  gathered, padded to the longest context, and masked SDPA); a step of decode rows alone runs as
+  one compiled graph on a GPU (kipp_mlx.decode_graph);
 - every other sequence (prefill chunks, verification rows): its context's slots gathered into one
-  contiguous copy, then causal attention with lower-right alignment in query chunks
-  (kipp_mlx.prefill_attention: SDPA, or key tiles where SDPA would hold every score). The copy
+  contiguous copy, then causal attention with lower-right alignment (kipp_mlx.prefill_attention:
+  one fused SDPA on a GPU, else query chunks of SDPA, or key tiles where SDPA would hold every
+  score). The copy
   moves O(context) bytes against O(new tokens x context) FLOPs of attention, under 5% of a
   2,048-token chunk's attention time even at a 131,072-token context.
 """
@@ -22,9 +24,8 @@ import numpy as np
 
 from kipp_mlx.kernels.decode_attention import sdpa_padded
 from kipp_mlx.kv_cache import PagedKVCache
-from kipp_mlx.prefill_attention import prefill_attention
+from kipp_mlx.prefill_attention import QUERY_CHUNK, fused_sdpa, prefill_attention
 
-QUERY_CHUNK = 512  # query rows per attention call in a prefill
 MAX_PADDED_SLOTS = 1 << 16  # the batched decode reference gathers at most B * S slots
 
 
@@ -94,6 +95,11 @@ class AttentionMetadata:
             meta.decode_attention = decode_attention
         return meta
 
+    @classmethod
+    def for_spans(cls, spans: list[SeqSpan]):
+        """Only the spans: what a step's logits need after a forward that built its own."""
+        return cls(None, None, spans, None, len(spans))
+
     def _add_decode(self, seqs, ctx_slots, block_size) -> None:
         lens = np.array([len(s) for s in ctx_slots], dtype=np.int32)
         self.max_context = S = int(lens.max())
@@ -128,21 +134,23 @@ def attend(
                     meta.context_lens,
                     scale,
                     kv.block_size,
-                    max_context=meta.max_context,
+                    max_context=meta.max_context or None,  # None: the tables' width
                 )
             )
         else:
             k, v = kv.read(layer, meta.decode_slots)  # [B, S, Hkv, D]
             outs.append(sdpa_padded(qd, k, v, meta.decode_mask, scale))
     c0 = 0
+    fused = fused_sdpa(q.dtype, q.shape[2])
     for sp in meta.spans[nd:]:
         k, v = kv.read(layer, meta.context_slots[c0 : c0 + sp.context_len])  # [ctx, Hkv, D]
         c0 += sp.context_len
         k, v = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]  # [1, Hkv, ctx, D]
-        # Long prefills run in query chunks; a chunk ending at row b sees keys up to
+        # Unfused, long prefills run in query chunks; a chunk ending at row b sees keys up to
         # ctx - L + b (lower-right causal alignment), in key tiles past SCORE_TILE scores.
-        for a in range(0, sp.q_len, QUERY_CHUNK):
-            b = min(sp.q_len, a + QUERY_CHUNK)
+        chunk = sp.q_len if fused else QUERY_CHUNK
+        for a in range(0, sp.q_len, chunk):
+            b = min(sp.q_len, a + chunk)
             n_keys = sp.context_len - sp.q_len + b
             qs = q[sp.q_start + a : sp.q_start + b].transpose(1, 0, 2)[None]  # [1, Hq, L, D]
             o = prefill_attention(qs, k[:, :, :n_keys], v[:, :, :n_keys], scale)

@@ -12,6 +12,7 @@ next step's PENDING ids are this step's samples, taken on the device.
 from __future__ import annotations
 
 import logging
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -26,9 +27,12 @@ from kipp_core.backend import (
     score_in_chunks,
 )
 from kipp_core.checkpoint import Checkpoint
+from kipp_core.fastpath import kernel_disabled, report_fallback
 from kipp_core.prompt_end import NUM_HIDDEN_SLOTS
 from kipp_core.spec_decode import verify_drafts
 from kipp_mlx.attention import AttentionMetadata
+from kipp_mlx.decode_graph import DecodeGraph
+from kipp_mlx.kernels.ladder import gpu_kind
 from kipp_mlx.kv_budget import num_kv_blocks
 from kipp_mlx.kv_cache import PagedKVCache
 from kipp_mlx.loader import load_model
@@ -78,9 +82,35 @@ class MlxBackend:
         self.num_hidden_slots = NUM_HIDDEN_SLOTS  # prompt-end hidden states
         self.end_hidden: dict[int, mx.array] = {}
         self.decode_attention = None if opts.kv_quant else self.model.kernels.decode_attention
+        self.decode_graph = self._decode_graph()
         # the last step's samples: [(tokens [R] on the device, {seq_id: row})]
         self._last: list = []
         self._log_load(checkpoint)
+
+    def _decode_graph(self) -> DecodeGraph | None:
+        """The compiled decode step (kipp_mlx.decode_graph) on a GPU with a dense KV cache;
+        KIPP_MLX_COMPILE=1 takes it on the CPU too, =0 or KIPP_MLX_DISABLE_KERNELS=decode_graph
+        keeps every step eager."""
+        env = os.environ.get("KIPP_MLX_COMPILE", "").strip()
+        if self.options.kv_quant or env == "0" or kernel_disabled("mlx", "decode_graph"):
+            return None
+        if env != "1" and gpu_kind() is None:
+            return None
+        return DecodeGraph(self.model, self.kv, self.decode_attention)
+
+    def _graph_step(self, seqs: list[SeqInput]):
+        """(hidden, meta) of a decode step through the compiled graph; None where the step is
+        not one it takes, or where tracing failed (logged once, fatal under
+        KIPP_MLX_REQUIRE_KERNELS=1; the eager step runs from then on)."""
+        if not DecodeGraph.takes(seqs):
+            return None
+        try:
+            hidden, spans = self.decode_graph(seqs, self._input_ids(seqs))
+        except Exception as e:  # a trace MLX cannot compile: the eager step is the reference
+            self.decode_graph = None
+            report_fallback("mlx", "decode_graph", f"{type(e).__name__}: {e}")
+            return None
+        return hidden, AttentionMetadata.for_spans(spans)
 
     def _log_load(self, checkpoint: Checkpoint) -> None:
         opts = self.options
@@ -168,8 +198,12 @@ class MlxBackend:
         self.kv.reserve(
             max(max(s.block_table[: -(-(s.start_pos + len(s.token_ids)) // bs)]) for s in seqs)
         )
-        meta = AttentionMetadata.build(seqs, bs, self.decode_attention)
-        hidden = self.model(self._input_ids(seqs), meta, self.kv)  # [T, hidden]
+        graph = self._graph_step(seqs) if self.decode_graph is not None else None
+        if graph is not None:
+            hidden, meta = graph
+        else:
+            meta = AttentionMetadata.build(seqs, bs, self.decode_attention)
+            hidden = self.model(self._input_ids(seqs), meta, self.kv)  # [T, hidden]
         for s, sp in zip(seqs, meta.spans):
             if s.save_hidden is not None:  # a copy, so the step's hidden states are not kept
                 row = hidden[sp.q_start + sp.q_len - 1]

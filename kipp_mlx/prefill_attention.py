@@ -1,10 +1,11 @@
 """Attention of one sequence's query rows over its contiguous context, bounded in memory.
 
-`prefill_attention` is mx.fast.scaled_dot_product_attention (the reference) while the scores of
-one call fit in SDPA_SCORES elements, and always on Metal, whose SDPA for many query rows is one
-fused kernel. Elsewhere (MLX's CUDA build fuses only single-row SDPA; the CPU never) SDPA holds
-the whole [Hq, L, keys] score matrix, growing with the context: 512 rows of 16 heads take 532 MiB
-at 32,768 keys and 2.1 GiB at 131,072 on the CPU (benchmarks/2026-12-02-3af5938-cpu). Past
+`prefill_attention` is mx.fast.scaled_dot_product_attention (the reference) where MLX fuses it:
+on Metal, and on MLX's CUDA build in bfloat16 or float16 with head_dim at most 128 (cuDNN's fused
+attention, with the causal mask aligned lower-right). There the whole prompt chunk is one call.
+Elsewhere (float32 on CUDA, the CPU) SDPA holds the whole [Hq, L, keys] score matrix, growing with
+the context: 512 rows of 16 heads take 532 MiB at 32,768 keys and 2.1 GiB at 131,072 on the CPU
+(benchmarks/2026-12-02-3af5938-cpu). There the rows come in chunks of QUERY_CHUNK and, past
 SDPA_SCORES, `tiled_attention` walks the keys SCORE_TILE / (Hq L) at a time with an online
 softmax (running max and sum in float32, as flash attention does). Its peak is about ten tiles'
 float32 scores whatever the context (MLX keeps a few tiles' temporaries alive at once: 2.4 GiB
@@ -18,19 +19,25 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+QUERY_CHUNK = 512  # query rows a call where SDPA is not fused
 SDPA_SCORES = 1 << 30  # past this many scores in one call (2 GiB in bf16), tiles hold fewer
 SCORE_TILE = 1 << 26  # scores a tile: 256 MiB in float32
 
 
-def _fused_sdpa() -> bool:
-    return mx.default_device() == mx.gpu and mx.metal.is_available()
+def fused_sdpa(dtype, head_dim: int) -> bool:
+    """Whether MLX's SDPA over many query rows is one fused kernel here (no score matrix)."""
+    if mx.default_device() != mx.gpu:
+        return False
+    if mx.metal.is_available():
+        return True
+    return dtype in (mx.bfloat16, mx.float16) and head_dim <= 128 and head_dim % 8 == 0
 
 
 def prefill_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
     """q [1, Hq, L, D]; k, v [1, Hkv, N, D] with N >= L, causal with lower-right alignment (row i
     sees keys up to N - L + i). Returns [1, Hq, L, D] in q's dtype."""
     L, N = q.shape[2], k.shape[2]
-    if q.shape[1] * L * N <= SDPA_SCORES or _fused_sdpa():
+    if q.shape[1] * L * N <= SDPA_SCORES or fused_sdpa(q.dtype, q.shape[3]):
         mask = "causal" if L > 1 else None
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     return tiled_attention(q, k, v, scale, max(1, SCORE_TILE // (q.shape[1] * L)))
