@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
-#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|serve|vllm|all
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|serve|vllm|long|all
 #   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
 #   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
 #   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
@@ -20,6 +20,10 @@
 #               workload at kipp serve's KV budget
 #   vllm        `vllm serve` (VLLM_SITE: its unpacked tree) under serve's load
 #   serve and vllm take a shape (0.6b, 8b); N and C set the requests and the concurrent streams
+#   long        (a backend: cuda, the default, or mlx) 8B bf16 batch-1 prefill and decode at
+#               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), then the
+#               4B-2507 shape's batch-1 decode and 2,048-token prefill beside 0.6B
+#   mlxtests    the MLX GPU tests alone (kernels required), the first half of `mlx`
 #   all         env, tests, decode, prefill, throughput (and tp where two GPUs are visible)
 # Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
 # A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
@@ -128,13 +132,35 @@ mlx_bench() {  # $1 shape, $2 quant (none|affine4), $3 prompt length, $4 batch s
     | grep -E "^\| (kipp|mlx-lm)|hroughput|error" | cut -c1-160
 }
 
-mlx() {
-  python -c "import mlx.core as mx; assert mx.default_device() == mx.gpu, 'MLX runs on the CPU'" \
-    || return 1
+mlx_gpu() {
+  python -c "import mlx.core as mx; assert mx.default_device() == mx.gpu, 'MLX runs on the CPU'"
+}
+
+mlxtests() {
+  mlx_gpu || return 1
   step "MLX GPU tests, kernels required"
   KIPP_MLX_REQUIRE_KERNELS=1 python -m pytest -q -p no:cacheprovider -n 12 --timeout 300 \
-    tests/mlx/test_kernels_gpu.py tests/mlx/test_gpu_gates.py 2>&1 | tee "$OUT/tests_mlx.log" \
-    | tail -6
+    tests/mlx/test_kernels_gpu.py tests/mlx/test_gpu_gates.py tests/mlx/test_decode_graph.py \
+    2>&1 | tee "$OUT/tests_mlx.log" | tail -6
+}
+
+long() {  # $1 backend (cuda or mlx)
+  local be=${1:-cuda}
+  [ "$be" = mlx ] && { mlx_gpu || return 1; export KIPP_MLX_REQUIRE_KERNELS=1; }
+  step "$be 8B bf16, batch 1, contexts 2,048 / 32,768 / 131,072 (YaRN past 40,960)"
+  bench --random-weights qwen3-8b --backend "$be" --batch-sizes 1 --max-model-len 131072 \
+    --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384 \
+    --kv-cache-memory 24GiB --json "$OUT/long8_$be.json" --markdown "$OUT/long8_$be.md" 2>&1 \
+    | grep -E "^\| kipp|error" | cut -c1-160
+  for shape in qwen3-4b-instruct-2507 qwen3-0.6b; do
+    step "$be $shape bf16, batch 1, 2,048-token prompt"
+    bench --random-weights $shape --backend "$be" --batch-sizes 1 --prompt-len 2048 --gen-len 128 \
+      --kv-cache-memory 16GiB --json "$OUT/b_${shape}_$be.json" 2>&1 | grep -E "^\| kipp|error"
+  done
+}
+
+mlx() {
+  mlxtests || return 1
   mlx_bench 8b affine4 2048 1
   mlx_bench 8b none 2048 1
   mlx_bench 0.6b none 2048 1
@@ -222,6 +248,8 @@ throughput) env_info; throughput ;;
 tp) env_info; tp ;;
 kernels) env_info; kernels ;;
 mlx) env_info; mlx ;;
+mlxtests) env_info; mlxtests ;;
+long) env_info; long "${2:-cuda}" ;;
 serve) env_info; serve "${2:-0.6b}" ;;
 vllm) env_info; vllm_serve "${2:-0.6b}" ;;
 all)
@@ -229,7 +257,7 @@ all)
   if [ "$(gpus)" -ge 2 ]; then tp; fi
   ;;
 *)
-  sed -n 2,25p "$0" | cut -c3-
+  sed -n 2,29p "$0" | cut -c3-
   exit 2
   ;;
 esac
