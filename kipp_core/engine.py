@@ -371,10 +371,15 @@ class LLMEngine:
     def _collect_outputs(self) -> list[RequestOutput]:
         results = []
         for rid, req in list(self.requests.items()):
-            done = all(st.seq.is_finished for st in req.states)
-            if not done and (
-                req.final_only or not any(st.delta_ids or st.delta_text for st in req.states)
-            ):
+            states = req.states
+            if len(states) == 1:  # the common case, without generators (256 a step)
+                st = states[0]
+                done = st.seq.status is SeqStatus.FINISHED
+                news = st.delta_ids or st.delta_text
+            else:
+                done = all(st.seq.is_finished for st in states)
+                news = any(st.delta_ids or st.delta_text for st in states)
+            if not done and (req.final_only or not news):
                 continue
             results.append(request_output(req, done))
             for st in req.states:

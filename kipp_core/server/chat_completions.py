@@ -14,7 +14,7 @@ from kipp_core.server.chat_request import parse_request
 from kipp_core.server.chat_spec import ChatRequest
 from kipp_core.server.context import ServingContext
 from kipp_core.server.logprobs import chat_logprobs
-from kipp_core.server.streaming import openai_error
+from kipp_core.server.streaming import ChunkFrame, openai_error
 from kipp_core.server.tool_parser import new_call_id
 from kipp_core.server.usage import timings, usage
 
@@ -61,6 +61,7 @@ class _Response:
         self.created = int(time.time())
         self.parsers = [OutputParser(req) for _ in range(req.params.n)]
         self.done: set[int] = set()
+        self.plain = ChunkFrame(self._head("chat.completion.chunk"), "delta", req.include_usage)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.ctx.model_name}
@@ -103,14 +104,18 @@ class _Response:
             self._chunk(i, {"role": "assistant", "content": ""}) for i in range(len(self.parsers))
         ]
 
-    def events(self, out, stream: RequestStream) -> list[dict]:
+    def events(self, out, stream: RequestStream) -> list:
         events = []
         for c in out.outputs:
             if c.index in self.done:
                 continue
             parser = self.parsers[c.index]
-            mine = [self._chunk(c.index, _chat_delta(d)) for d in parser.read(c)]
+            deltas = [_chat_delta(d) for d in parser.read(c)]
             lp = self._logprobs(c.token_ids_delta, c.logprobs_delta) if c.token_ids_delta else None
+            if lp is None and not c.finished and not stream.finished:  # most of a stream's
+                events += [self.plain.frame(c.index, d) for d in deltas]
+                continue
+            mine = [self._chunk(c.index, d) for d in deltas]
             if lp is not None:
                 if not mine:  # tokens held back by a parser still report their logprobs
                     mine.append(self._chunk(c.index, {}))

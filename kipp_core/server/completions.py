@@ -26,7 +26,7 @@ from kipp_core.server.protocol import (
     sampling_fields,
     stream_flags,
 )
-from kipp_core.server.streaming import dumps, stream_response
+from kipp_core.server.streaming import ChunkFrame, dumps, stream_response
 from kipp_core.server.usage import timings, usage
 
 FIELDS = (*COMMON_FIELDS, "prompt", "max_tokens", "logprobs", "echo", "best_of", "suffix")
@@ -126,6 +126,7 @@ class _Response:
         self.echoed: set[int] = set()
         self.done: set[int] = set()
         self.offsets: dict[int, int] = {}
+        self.plain = ChunkFrame(self._head(), "text", req.include_usage)
 
     def _head(self, obj: str = "text_completion") -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.ctx.model_name}
@@ -163,7 +164,7 @@ class _Response:
             "timings": timings(finals),
         }
 
-    def chunks(self, out, stream: RequestStream) -> list[dict]:
+    def chunks(self, out, stream: RequestStream) -> list:
         req = self.req
         i = self.index_of[out.request_id]
         events = []
@@ -184,6 +185,9 @@ class _Response:
                 lp, self.offsets[idx] = completion_logprobs(
                     self.ctx.tokenizer, entries, req.logprobs, self.offsets.get(idx, 0)
                 )
+            elif finish is None and not stream.finished:  # most of a stream's chunks
+                events.append(self.plain.frame(idx, text))
+                continue
             choice = {"index": idx, "text": text, "logprobs": lp, "finish_reason": finish}
             if finish is not None:
                 self.done.add(idx)

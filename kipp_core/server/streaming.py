@@ -23,6 +23,23 @@ def dumps(obj) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+class ChunkFrame:
+    """The bytes of a stream's plain chunk event, `data: {head..., "choices": [{"index": i,
+    <key>: <value>, "logprobs": null, "finish_reason": null}]}` (plus `"usage": null`), with the
+    head serialized once a stream: dumps of the whole dict cost ~4 us a token, a fifth of the
+    API process's work a streamed token. `frame(i, value)` equals `data: ` + dumps(the dict).
+    EventStream.send takes these bytes beside event dicts."""
+
+    def __init__(self, head: dict, key: str, usage_null: bool):
+        self._pre = b"data: " + dumps(head)[:-1] + b',"choices":[{"index":'
+        self._key = b',"' + key.encode() + b'":'
+        usage = b',"usage":null' if usage_null else b""
+        self._post = b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n"
+
+    def frame(self, index: int, value) -> bytes:
+        return self._pre + str(index).encode() + self._key + dumps(value) + self._post
+
+
 class EventStream:
     """One streaming response. `send` writes a batch of events in one write; `named` events
     carry an `event:` line and no [DONE] follows them."""
@@ -43,7 +60,8 @@ class EventStream:
     async def start(self) -> None:
         await self.response.prepare(self._request)
 
-    async def send(self, events: list[dict]) -> None:
+    async def send(self, events: list) -> None:
+        """Events as dicts, or (unnamed streams) already framed bytes (ChunkFrame)."""
         if not events:
             return
         if self.named:
@@ -51,7 +69,9 @@ class EventStream:
                 b"event: " + e["type"].encode() + b"\ndata: " + dumps(e) + b"\n\n" for e in events
             )
         else:
-            data = b"".join(b"data: " + dumps(e) + b"\n\n" for e in events)
+            data = b"".join(
+                e if isinstance(e, bytes) else b"data: " + dumps(e) + b"\n\n" for e in events
+            )
         await self._write(data)
 
     async def _write(self, data: bytes) -> None:

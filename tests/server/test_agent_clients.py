@@ -189,7 +189,7 @@ def test_async_client_create_and_stream(url, offline):
 
 
 def test_tool_use_round_trip(claude, offline):
-    kw = dict(model="kipp-tiny", max_tokens=40, tools=[TOOL])
+    kw = dict(model="kipp-tiny", max_tokens=40, tools=[TOOL], extra_body=GREEDY)
     first = claude.messages.create(
         messages=USER, tool_choice={"type": "tool", "name": "get_weather"}, **kw
     )
@@ -217,7 +217,7 @@ def test_tool_use_round_trip(claude, offline):
 
 
 def test_streamed_tool_input_concatenates_to_its_json(claude):
-    kw = dict(model="kipp-tiny", max_tokens=40, messages=USER, tools=[TOOL])
+    kw = dict(model="kipp-tiny", max_tokens=40, messages=USER, tools=[TOOL], extra_body=GREEDY)
     with claude.messages.stream(tool_choice={"type": "any"}, **kw) as s:
         events = list(s)
         final = s.get_final_message()
@@ -240,7 +240,7 @@ def test_count_tokens_is_the_official_template(claude, offline):
 
 def test_output_format_holds_the_answer_to_the_schema(claude):
     m = claude.messages.parse(
-        model="kipp-tiny", max_tokens=80, messages=USER, output_format=Reading
+        model="kipp-tiny", max_tokens=80, messages=USER, output_format=Reading, extra_body=GREEDY
     )
     assert m.stop_reason == "end_turn" and isinstance(m.parsed_output, Reading)
 

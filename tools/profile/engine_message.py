@@ -1,11 +1,13 @@
 """An engine step of `--seqs` decoding sequences with no model at all (engine_overhead.py's
 NoOpBackend): its time (median, p99, max) and the garbage collector's pauses over the run, with
 the loaded heap frozen as the engine process freezes it (kipp_core/gc_heap.py) or, with
-`--no-freeze`, not; then the step's EngineMessage pickled as the engine process sends it
+`--no-freeze`, not (`--final-only`: the requests report only when done, as offline LLM.generate
+runs them, so the step's cost beside a stream's shows what streaming adds); then the step's
+EngineMessage pickled as the engine process sends it
 (kipp_core/server/wire.py) and as plain dataclasses, and unpickled as the API process reads it.
 Runs anywhere (CPU).
 
-python tools/profile/engine_message.py --seqs 256 [--no-freeze]
+python tools/profile/engine_message.py --seqs 256 [--no-freeze] [--final-only]
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     p.add_argument("--seqs", type=int, default=256)
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--no-freeze", action="store_true")
+    p.add_argument("--final-only", action="store_true")
     args = p.parse_args()
     llm = LLM(str(tiny_path()), backend="oracle", kv_cache_memory="4GiB")
     engine = llm.engine
@@ -50,7 +53,9 @@ def main() -> None:
         freeze_loaded_heap()
     params = SamplingParams(temperature=0, max_tokens=args.steps + 100, ignore_eos=True)
     for i in range(args.seqs):
-        engine.add_request(f"r{i}", rng.integers(1000, 50000, 500).tolist(), params, delta=True)
+        prompt = rng.integers(1000, 50000, 500).tolist()
+        kind = {"final_only": True} if args.final_only else {"delta": True}
+        engine.add_request(f"r{i}", prompt, params, **kind)
     for _ in range(10):  # past the prefills
         engine.step()
     pauses, began = [], []
