@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
-#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|serve|vllm|long|all
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|mlxprofile|serve|vllm|long|all
 #   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
 #   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
 #   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
@@ -24,6 +24,10 @@
 #               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), then the
 #               4B-2507 shape's batch-1 decode and 2,048-token prefill beside 0.6B
 #   mlxtests    the MLX GPU tests alone (kernels required), the first half of `mlx`
+#   mlxprofile  the MLX decode step against mlx-lm kernel by kernel (0.6B and 8B bf16 after
+#               2,048 tokens, tools/profile/mlx_decode_profile.py), then Kipp's step with the
+#               paged attention's reference (gather + SDPA), eager, and at MLX_MAX_OPS_PER_BUFFER
+#               of 250 ($OUT/mlx_profile.jsonl)
 #   all         env, tests, decode, prefill, throughput (and tp where two GPUs are visible)
 # Each benchmark writes $OUT/<name>.json (and .md where it has a table); OUT defaults to /tmp/out.
 # A fallback to a reference path is fatal (KIPP_CUDA_REQUIRE_KERNELS=1), so no figure comes from one.
@@ -159,6 +163,20 @@ long() {  # $1 backend (cuda or mlx)
   done
 }
 
+mlxprofile() {
+  mlx_gpu || return 1
+  local p="python tools/profile/mlx_decode_profile.py --json $OUT/mlx_profile.jsonl"
+  for shape in qwen3-0.6b qwen3-8b; do
+    step "MLX $shape decode after 2,048 tokens, kernel by kernel, mlx-lm beside"
+    $p --shape $shape --kernels | cut -c1-300
+    step "MLX $shape: the attention reference, the eager step, 250 ops a CUDA graph"
+    KIPP_MLX_DISABLE_KERNELS=decode_attention $p --shape $shape --engines kipp --kernels \
+      | cut -c1-300
+    KIPP_MLX_COMPILE=0 $p --shape $shape --engines kipp | cut -c1-300
+    MLX_MAX_OPS_PER_BUFFER=250 $p --shape $shape | cut -c1-300
+  done
+}
+
 mlx() {
   mlxtests || return 1
   mlx_bench 8b affine4 2048 1
@@ -249,6 +267,7 @@ tp) env_info; tp ;;
 kernels) env_info; kernels ;;
 mlx) env_info; mlx ;;
 mlxtests) env_info; mlxtests ;;
+mlxprofile) env_info; mlxprofile ;;
 long) env_info; long "${2:-cuda}" ;;
 serve) env_info; serve "${2:-0.6b}" ;;
 vllm) env_info; vllm_serve "${2:-0.6b}" ;;
@@ -257,7 +276,7 @@ all)
   if [ "$(gpus)" -ge 2 ]; then tp; fi
   ;;
 *)
-  sed -n 2,29p "$0" | cut -c3-
+  sed -n 2,33p "$0" | cut -c3-
   exit 2
   ;;
 esac
