@@ -104,8 +104,9 @@ class MlxBackend:
         KIPP_MLX_REQUIRE_KERNELS=1; the eager step runs from then on)."""
         if not DecodeGraph.takes(seqs):
             return None
+        ids = self._input_ids(seqs)  # its errors are the step's, not the graph's
         try:
-            hidden, spans = self.decode_graph(seqs, self._input_ids(seqs))
+            hidden, spans = self.decode_graph(seqs, ids)
         except Exception as e:  # a trace MLX cannot compile: the eager step is the reference
             self.decode_graph = None
             report_fallback("mlx", "decode_graph", f"{type(e).__name__}: {e}")
