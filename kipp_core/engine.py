@@ -31,7 +31,7 @@ from kipp_core.block_manager import BlockManager
 from kipp_core.model_input import seq_input
 from kipp_core.outputs import RequestMetrics, RequestOutput
 from kipp_core.quarantine import Quarantine
-from kipp_core.request import Request, SeqState, request_output, validate_prompt
+from kipp_core.request import Request, SeqState, take_output, validate_prompt
 from kipp_core.sampling import SamplingParams, stop_token_set
 from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from kipp_core.sequence import SeqStatus, Sequence
@@ -371,20 +371,11 @@ class LLMEngine:
     def _collect_outputs(self) -> list[RequestOutput]:
         results = []
         for rid, req in list(self.requests.items()):
-            states = req.states
-            if len(states) == 1:  # the common case, without generators (256 a step)
-                st = states[0]
-                done = st.seq.status is SeqStatus.FINISHED
-                news = st.delta_ids or st.delta_text
-            else:
-                done = all(st.seq.is_finished for st in states)
-                news = any(st.delta_ids or st.delta_text for st in states)
-            if not done and (req.final_only or not news):
+            out = take_output(req)
+            if out is None:
                 continue
-            results.append(request_output(req, done))
-            for st in req.states:
-                st.delta_text, st.delta_ids, st.delta_logprobs = "", [], []
-            if done:
+            results.append(out)
+            if out.finished:
                 del self.requests[rid]
                 self.structured.release(rid)
                 self.stats.record_finished(req)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kipp_core.sampling import SamplingParams
-from kipp_core.sequence import Sequence
+from kipp_core.sequence import SeqStatus, Sequence
 from kipp_core.stop import StopMatcher
 from kipp_core.thinking_budget import Thought
 from kipp_core.tokenizer import IncrementalDetokenizer
@@ -78,6 +78,25 @@ def request_output(req: Request, done: bool) -> RequestOutput:
         list(plp) if plp is not None else None,
         req.error,
     )
+
+
+def take_output(req: Request) -> RequestOutput | None:
+    """The output the request reports after a step, its deltas taken; None when it has nothing
+    to report (running with nothing new, or reporting only when done)."""
+    states = req.states
+    if len(states) == 1:  # the common case, without generators (256 a step)
+        st = states[0]
+        done = st.seq.status is SeqStatus.FINISHED
+        news = st.delta_ids or st.delta_text
+    else:
+        done = all(st.seq.is_finished for st in states)
+        news = any(st.delta_ids or st.delta_text for st in states)
+    if not done and (req.final_only or not news):
+        return None
+    out = request_output(req, done)
+    for st in states:
+        st.delta_text, st.delta_ids, st.delta_logprobs = "", [], []
+    return out
 
 
 def _metrics(req: Request, done: bool) -> RequestMetrics:

@@ -19,6 +19,8 @@ reference with its padding mask built in the graph from the lengths.
 
 from __future__ import annotations
 
+import copy
+
 import mlx.core as mx
 import numpy as np
 
@@ -36,24 +38,6 @@ def batch_bucket(n: int) -> int:
 
 def width_bucket(blocks: int) -> int:
     return max(MIN_WIDTH, 1 << (blocks - 1).bit_length())
-
-
-class _PoolView:
-    """PagedKVCache's write/read/pool over the graph's own pool list (the trace's inputs)."""
-
-    def __init__(self, kv, pools: list):
-        self._kv, self.kv = kv, pools
-        self.block_size, self.kv_quant = kv.block_size, None
-
-    def write(self, layer: int, new: mx.array, slot_mapping: mx.array) -> None:
-        self.kv[layer][slot_mapping] = new.astype(self._kv.dtype)
-
-    def read(self, layer: int, slots: mx.array):
-        kv = self.kv[layer][slots]
-        return kv[..., 0, :, :], kv[..., 1, :, :]
-
-    def pool(self, layer: int) -> mx.array:
-        return self.kv[layer]
 
 
 class DecodeGraph:
@@ -84,7 +68,8 @@ class DecodeGraph:
             width = tables.shape[1] * bs
             meta.decode_slots = (tables[:, :, None] * bs + mx.arange(bs)).reshape(-1, width)
             meta.decode_mask = (mx.arange(width)[None, :] < lens[:, None])[:, None, None, :]
-        view = _PoolView(self.kv, list(pools))
+        view = copy.copy(self.kv)  # the cache's own write/read, over the trace's pool inputs
+        view.kv = list(pools)
         return self.model(ids, meta, view), view.kv
 
     def __call__(self, seqs, ids: mx.array) -> tuple[mx.array, list[SeqSpan]]:
