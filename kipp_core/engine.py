@@ -31,11 +31,18 @@ from kipp_core.block_manager import BlockManager
 from kipp_core.model_input import seq_input
 from kipp_core.outputs import RequestMetrics, RequestOutput
 from kipp_core.quarantine import Quarantine
-from kipp_core.request import Request, SeqState, take_output, validate_prompt
+from kipp_core.request import (
+    Request,
+    SeqState,
+    TokenDelta,
+    take_output,
+    take_token_delta,
+    validate_prompt,
+)
 from kipp_core.sampling import SamplingParams, stop_token_set
 from kipp_core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from kipp_core.sequence import SeqStatus, Sequence
-from kipp_core.stats import EngineCounters
+from kipp_core.stats import EngineCounters, engine_metrics
 from kipp_core.stop import StopMatcher
 from kipp_core.structured_output_manager import StructuredOutputManager
 from kipp_core.thinking_budget import ThinkTokens, Thought
@@ -197,8 +204,10 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """One step; a step that raises fails only the requests it can blame (quarantine.py)."""
+    def step(self, deltas: list[TokenDelta] | None = None) -> list[RequestOutput]:
+        """One step; a step that raises fails only the requests it can blame (quarantine.py).
+        With `deltas` (the server's streams), a plain step of a one-sequence stream goes there
+        as a TokenDelta tuple instead of a RequestOutput (request.py: take_token_delta)."""
         if self.structured.num_compiling:
             idle = self._inflight is None and not self.scheduler.has_unfinished()
             for rid in self.structured.admit(self.scheduler, wait=0.005 if idle else 0.0):
@@ -214,7 +223,7 @@ class LLMEngine:
                 self._step_sync()
         except Exception as exc:
             self.quarantine.recover(self, exc)
-        return self._collect_outputs()
+        return self._collect_outputs(deltas)
 
     def _step_sync(self, only: set[int] | None = None) -> None:
         drafts = self.spec.propose(self.scheduler.running) if self.spec else None
@@ -368,9 +377,12 @@ class LLMEngine:
             self.spec.release(seq)
         seq.finished_time = time.monotonic()
 
-    def _collect_outputs(self) -> list[RequestOutput]:
+    def _collect_outputs(self, deltas: list[TokenDelta] | None) -> list[RequestOutput]:
         results = []
         for rid, req in list(self.requests.items()):
+            if deltas is not None and (d := take_token_delta(req)) is not None:
+                deltas.append(d)
+                continue
             out = take_output(req)
             if out is None:
                 continue
@@ -382,15 +394,4 @@ class LLMEngine:
         return results
 
     def metrics(self) -> dict:
-        bm = self.block_manager
-        return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "kv_blocks_used": bm.num_used_blocks,
-            "kv_blocks_free": bm.num_free_blocks,
-            "kv_blocks_total": bm.num_blocks,
-            "prefix_cache_hit_tokens": bm.hit_tokens,
-            "prefix_cache_query_tokens": bm.query_tokens,
-            "num_preemptions": self.scheduler.num_preemptions,
-            **self.stats.as_dict(),
-        }
+        return engine_metrics(self)

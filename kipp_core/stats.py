@@ -33,3 +33,19 @@ class EngineCounters:
             "generation_tokens": self.generation_tokens,
             "requests_finished": dict(self.requests_finished),
         }
+
+
+def engine_metrics(engine) -> dict:
+    """An LLMEngine's gauges and counters now (the server's /metrics and stats)."""
+    bm, sched = engine.block_manager, engine.scheduler
+    return {
+        "num_running": len(sched.running),
+        "num_waiting": len(sched.waiting),
+        "kv_blocks_used": bm.num_used_blocks,
+        "kv_blocks_free": bm.num_free_blocks,
+        "kv_blocks_total": bm.num_blocks,
+        "prefix_cache_hit_tokens": bm.hit_tokens,
+        "prefix_cache_query_tokens": bm.query_tokens,
+        "num_preemptions": sched.num_preemptions,
+        **engine.stats.as_dict(),
+    }

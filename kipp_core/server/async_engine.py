@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from kipp_core.engine import LLMEngine
-from kipp_core.outputs import RequestMetrics, RequestOutput, merge_outputs
+from kipp_core.outputs import CompletionOutput, RequestMetrics, RequestOutput, merge_outputs
 from kipp_core.scheduler import QueueFullError
 from kipp_core.server.engine_worker import (
     STOP,
@@ -57,6 +57,12 @@ class RequestStream:
         prev = self._pending.get(out.request_id)
         self._pending[out.request_id] = out if prev is None else merge_outputs(prev, out)
         self._ready.set()
+
+    def put_delta(self, rid: str, text: str, token_ids: list[int]) -> None:
+        """A TokenDelta (kipp_core/request.py) as the RequestOutput the engine would have made,
+        with the request's latest metrics (only a final output's are read)."""
+        c = CompletionOutput(0, text, token_ids, None, None, None, text, token_ids, [])
+        self.put(RequestOutput(rid, [], [c], False, self.metrics[rid]))
 
     def __aiter__(self):
         return self
@@ -181,6 +187,10 @@ class AsyncEngine:
                     self._on_finished(out)
             if stream is not None:
                 stream.put(out)
+        for rid, text, ids in msg.deltas:
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.put_delta(rid, text, ids)
         if msg.stats is not None:
             self.stats = msg.stats
 

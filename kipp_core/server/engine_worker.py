@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from kipp_core.engine import LLMEngine
 from kipp_core.outputs import RequestOutput
+from kipp_core.request import TokenDelta
 from kipp_core.sampling import SamplingParams
 from kipp_core.scheduler import QueueFullError
 
@@ -60,6 +61,7 @@ class EngineMessage:
     acks: list[Ack] = field(default_factory=list)
     stats: dict | None = None
     error: str | None = None  # the engine is gone (its process died): every stream fails
+    deltas: list[TokenDelta] = field(default_factory=list)  # plain stream steps (request.py)
 
 
 class EngineWorker:
@@ -89,8 +91,9 @@ class EngineWorker:
                     break
             if engine.has_unfinished_requests():
                 try:
-                    msg.outputs = engine.step()
+                    msg.outputs = engine.step(msg.deltas)
                 except Exception as e:  # a fault the engine could not pin on a request
+                    msg.deltas = []
                     msg.outputs = self._fail_all(e)
             msg.stats = engine.metrics()
             self._post(msg)

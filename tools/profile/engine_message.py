@@ -2,12 +2,13 @@
 NoOpBackend): its time (median, p99, max) and the garbage collector's pauses over the run, with
 the loaded heap frozen as the engine process freezes it (kipp_core/gc_heap.py) or, with
 `--no-freeze`, not (`--final-only`: the requests report only when done, as offline LLM.generate
-runs them, so the step's cost beside a stream's shows what streaming adds); then the step's
+runs them, so the step's cost beside a stream's shows what streaming adds; `--plain`: every
+stream's step a RequestOutput, no TokenDelta tuples); then the step's
 EngineMessage pickled as the engine process sends it
 (kipp_core/server/wire.py) and as plain dataclasses, and unpickled as the API process reads it.
 Runs anywhere (CPU).
 
-python tools/profile/engine_message.py --seqs 256 [--no-freeze] [--final-only]
+python tools/profile/engine_message.py --seqs 256 [--no-freeze] [--final-only | --plain]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--no-freeze", action="store_true")
     p.add_argument("--final-only", action="store_true")
+    p.add_argument("--plain", action="store_true", help="every output a RequestOutput")
     args = p.parse_args()
     llm = LLM(str(tiny_path()), backend="oracle", kv_cache_memory="4GiB")
     engine = llm.engine
@@ -70,7 +72,9 @@ def main() -> None:
     steps = []
     for _ in range(args.steps):
         t = time.perf_counter()
-        msg = EngineMessage(engine.step(), stats=engine.metrics())
+        msg = EngineMessage()  # as the engine process's worker makes it
+        msg.outputs = engine.step(None if args.plain else msg.deltas)
+        msg.stats = engine.metrics()
         steps.append(time.perf_counter() - t)
     gc.callbacks.remove(watch)
     dump = pickle.HIGHEST_PROTOCOL
@@ -87,7 +91,8 @@ def main() -> None:
         "dataclasses, unpickle": _ms(lambda: pickle.loads(plain), 200),
     }
     frozen = "not frozen" if args.no_freeze else "the loaded heap frozen"
-    print(f"{len(msg.outputs)} outputs a step, {args.steps} steps, {frozen}; ", end="")
+    print(f"{len(msg.outputs)} outputs and {len(msg.deltas)} token deltas a step, ", end="")
+    print(f"{args.steps} steps, {frozen}; ", end="")
     print(f"a message {len(packed)} bytes packed, {len(plain)} plain")
     for name, value in rows.items():
         print(f"{name:34s} {value:7.3f} ms")
