@@ -24,6 +24,7 @@
 #               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), then the
 #               4B-2507 shape's batch-1 decode and 2,048-token prefill beside 0.6B
 #   mlxtests    the MLX GPU tests alone (kernels required), the first half of `mlx`
+#   mlxbench    one of `mlx`'s rows: SHAPE QUANT PROMPT BATCHES [more kipp bench arguments]
 #   mlxprofile  the MLX decode step against mlx-lm kernel by kernel (0.6B and 8B bf16 after
 #               2,048 tokens, tools/profile/mlx_decode_profile.py), then Kipp's step with the
 #               paged attention's reference (gather + SDPA), eager, and at MLX_MAX_OPS_PER_BUFFER
@@ -159,7 +160,7 @@ long() {  # $1 backend (cuda or mlx)
   for shape in qwen3-4b-instruct-2507 qwen3-0.6b; do
     step "$be $shape bf16, batch 1, 2,048-token prompt"
     bench --random-weights $shape --backend "$be" --batch-sizes 1 --prompt-len 2048 --gen-len 128 \
-      --kv-cache-memory 16GiB --json "$OUT/b_${shape}_$be.json" 2>&1 | grep -E "^\| kipp|error"
+      --kv-cache-memory 16GiB --max-model-len 32768 --json "$OUT/b_${shape}_$be.json" 2>&1 | grep -E "^\| kipp|error"
   done
 }
 
@@ -268,6 +269,7 @@ kernels) env_info; kernels ;;
 mlx) env_info; mlx ;;
 mlxtests) env_info; mlxtests ;;
 mlxprofile) env_info; mlxprofile ;;
+mlxbench) shift; mlx_bench "$@" ;;
 long) env_info; long "${2:-cuda}" ;;
 serve) env_info; serve "${2:-0.6b}" ;;
 vllm) env_info; vllm_serve "${2:-0.6b}" ;;

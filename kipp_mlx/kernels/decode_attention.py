@@ -3,15 +3,16 @@ context, the splits merged.
 
 `_CUDA` (with a Metal twin `_METAL` of the same algorithm, in decode_attention_metal.py),
 `decode_attention` (checks, picks the split count, launches) and `decode_attention_ref` (gather the
-slots, masked SDPA). A 128-thread block takes one (split, kv head, sequence) and walks its split's
-KV blocks one at a time (one block-table read a tile). Scores: warp w takes the query heads w, w +
-4, ... of the GQA group, a lane a token, the K row read as 16-byte vectors; the online softmax
-(running max and sum in float32) leaves the tile's probabilities in shared memory. P V: the 128
-threads read 128 / (D / 8) V rows at once as 16-byte vectors (coalesced) and each keeps float32 sums
-for its 8 dimensions of every head; the row groups are added in shared memory at the end. So K and V
-are read from memory once per kv head, not once per query head. With one split the block writes the
-normalized output; with several it writes float32 partials (o, max, sum) that `_CUDA_MERGE`
-combines.
+slots, masked SDPA). A 128-thread block takes one (split, kv head, sequence) and walks its split in
+chunks of up to 128 tokens (the chunk's block-table entries read at once): scores with a thread a
+token, its K row read as 16-byte vectors once for every query head of the GQA group (q in shared
+memory as float32); the chunk's online softmax (running max and sum in float32), a warp a head;
+then P V with the 128 threads reading 128 / (D / 8) V rows at once as 16-byte vectors (coalesced),
+every row's load of the chunk issued before the sums, each thread keeping float32 sums for its
+dimensions of every head. So K and V are read once per kv head, and a chunk costs three barriers
+and two rounds of memory latency (the earlier kernel walked a KV block at a time: 4x cuDNN's time
+at 2,048 tokens on an H200). With one split the block writes the normalized output; with several
+it writes float32 partials (o, max, sum) that `_CUDA_MERGE` combines.
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ __device__ __forceinline__ float kipp_warp_sum(float v) {
 _CUDA = """
     constexpr int G = HQ / HKV;
     constexpr int NW = 4;
-    constexpr int GW = (G + NW - 1) / NW;  // heads a warp owns in the score phase
+    constexpr int TPC = 128 / BLOCK_SIZE;  // KV blocks a chunk
+    constexpr int CH = TPC * BLOCK_SIZE;  // tokens a chunk: a thread a token in the score phase
+    constexpr int NV = (CH + 31) / 32;  // scores a lane in the softmax phase
     constexpr int VEC = 16 / sizeof(T);  // elements in a 16-byte load
     constexpr int NDV = D / VEC;  // 16-byte vectors a row
     constexpr int RSUB = 128 / NDV;  // V rows the block reads at once in the PV phase
+    constexpr int NR = (CH + RSUB - 1) / RSUB;  // V rows a thread in a chunk
     const float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
     const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int S = gridDim.x;
@@ -57,81 +61,120 @@ _CUDA = """
     const int ctx = context_lens[b];
     const int ntiles = (ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
     const int per = (ntiles + S - 1) / S;
-    const int t0 = s * per;
-    const int t1 = min(ntiles, t0 + per);
-    const float sc = scale[0];
+    const int tok0 = s * per * BLOCK_SIZE;
+    const int tok1 = min(ctx, (s + 1) * per * BLOCK_SIZE);
 
     __shared__ __align__(16) float qs[G][D];
-    __shared__ float ps[G][BLOCK_SIZE];
-    __shared__ float corr_s[G];
-    __shared__ float ml_s[G][2];
-    __shared__ int blk_s;
-    __shared__ __align__(16) float red[RSUB][G][D];
+    __shared__ float ps[G][CH];
+    __shared__ float corr_s[G], m_s[G], l_s[G];
+    __shared__ int blk_s[TPC];
+    __shared__ __align__(16) float red[NW][G][D];
     for (int i = tid; i < G * D; i += 128) {
         const int g = i / D, d = i % D;
-        qs[g][d] = static_cast<float>(q[((size_t)b * HQ + kvh * G + g) * D + d]) * sc;
+        qs[g][d] = static_cast<float>(q[((size_t)b * HQ + kvh * G + g) * D + d]) * scale[0];
     }
-    float m_run[GW], l_run[GW];
-    for (int j = 0; j < GW; j++) { m_run[j] = NEG_INF; l_run[j] = 0.0f; }
+    if (tid < G) { m_s[tid] = NEG_INF; l_s[tid] = 0.0f; }
     float acc[G][VEC];
-    for (int g = 0; g < G; g++) for (int i = 0; i < VEC; i++) acc[g][i] = 0.0f;
-    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) acc[g][i] = 0.0f;
 
-    for (int tile = t0; tile < t1; tile++) {
-        if (tid == 0) blk_s = block_tables[(size_t)b * max_blocks + tile];
+    for (int c0 = tok0; c0 < tok1; c0 += CH) {
+        const int n = min(CH, tok1 - c0);
+        if (tid < TPC) {
+            const int tile = c0 / BLOCK_SIZE + tid;
+            blk_s[tid] = tile < ntiles ? block_tables[(size_t)b * max_blocks + tile] : 0;
+        }
         __syncthreads();
-        const size_t base = (size_t)blk_s * BLOCK_SIZE;
-        const int n_here = min(BLOCK_SIZE, ctx - tile * BLOCK_SIZE);
-        // scores and the online softmax: warp w for heads w, w + NW, ...; a lane a token
-        for (int j = 0; j < GW; j++) {
-            const int g = warp + j * NW;
-            if (g >= G) break;
-            float tmax = NEG_INF;
-            float sv[(BLOCK_SIZE + 31) / 32];
-            for (int c = 0; c * 32 < BLOCK_SIZE; c++) {
-                const int t = c * 32 + lane;
-                float dot = NEG_INF;
-                if (t < n_here) {
-                    const T* kr = kv_pool + (((base + t) * 2) * HKV + kvh) * D;
-                    dot = 0.0f;
+        // scores: thread t takes token c0 + t, its K row read once for every head of the group
+        if (tid < CH) {
+            float dot[G];
 #pragma unroll
-                    for (int d0 = 0; d0 < D; d0 += VEC) {
-                        const uint4 u = *reinterpret_cast<const uint4*>(kr + d0);
-                        const T* e = reinterpret_cast<const T*>(&u);
+            for (int g = 0; g < G; g++) dot[g] = tid < n ? 0.0f : NEG_INF;
+            if (tid < n) {
+                const size_t slot = (size_t)blk_s[tid / BLOCK_SIZE] * BLOCK_SIZE + tid % BLOCK_SIZE;
+                const uint4* kr =
+                    reinterpret_cast<const uint4*>(kv_pool + (slot * 2 * HKV + kvh) * D);
+                uint4 kv[NDV];
 #pragma unroll
-                        for (int i = 0; i < VEC; i++)
-                            dot += qs[g][d0 + i] * static_cast<float>(e[i]);
+                for (int i = 0; i < NDV; i++) kv[i] = kr[i];
+#pragma unroll
+                for (int i = 0; i < NDV; i++) {
+                    const T* e = reinterpret_cast<const T*>(&kv[i]);
+#pragma unroll
+                    for (int j = 0; j < VEC; j += 4) {
+                        const float k0 = static_cast<float>(e[j]);
+                        const float k1 = static_cast<float>(e[j + 1]);
+                        const float k2 = static_cast<float>(e[j + 2]);
+                        const float k3 = static_cast<float>(e[j + 3]);
+#pragma unroll
+                        for (int g = 0; g < G; g++) {
+                            const float4 qv = *reinterpret_cast<const float4*>(&qs[g][i * VEC + j]);
+                            dot[g] += qv.x * k0 + qv.y * k1 + qv.z * k2 + qv.w * k3;
+                        }
                     }
                 }
-                sv[c] = dot;
-                tmax = fmaxf(tmax, dot);
             }
-            tmax = kipp_warp_max(tmax);
-            const float m_new = fmaxf(m_run[j], tmax);
-            const float corr = expf(m_run[j] - m_new);
-            float psum = 0.0f;
-            for (int c = 0; c * 32 < BLOCK_SIZE; c++) {
-                const int t = c * 32 + lane;
-                const float p = t < n_here ? expf(sv[c] - m_new) : 0.0f;
-                if (t < BLOCK_SIZE) ps[g][t] = p;
-                psum += p;
-            }
-            l_run[j] = l_run[j] * corr + kipp_warp_sum(psum);
-            m_run[j] = m_new;
-            if (lane == 0) corr_s[g] = corr;
+#pragma unroll
+            for (int g = 0; g < G; g++) ps[g][tid] = dot[g];
         }
         __syncthreads();
-        // P V: thread (rsub, dv) takes rows rsub, rsub + RSUB, ... and dimensions dv * VEC ...
+        // the chunk's online softmax: warp w for heads w, w + NW, ...
+        for (int g = warp; g < G; g += NW) {
+            float v[NV];
+            float cmax = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const int t = i * 32 + lane;
+                v[i] = t < CH ? ps[g][t] : NEG_INF;
+                cmax = fmaxf(cmax, v[i]);
+            }
+            cmax = kipp_warp_max(cmax);
+            const float m_old = m_s[g];
+            const float m_new = fmaxf(m_old, cmax);  // finite: the chunk holds a token
+            float psum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const int t = i * 32 + lane;
+                const float p = expf(v[i] - m_new);
+                if (t < CH) ps[g][t] = p;
+                psum += p;
+            }
+            psum = kipp_warp_sum(psum);
+            if (lane == 0) {
+                const float corr = expf(m_old - m_new);
+                corr_s[g] = corr;
+                l_s[g] = l_s[g] * corr + psum;
+                m_s[g] = m_new;
+            }
+        }
+        __syncthreads();
+        // P V: thread (rsub, dv) takes rows rsub, rsub + RSUB, ... and dimensions dv * VEC ...;
+        // every row's load issued before the sums (rows past the context read zeros, p is 0)
+#pragma unroll
         for (int g = 0; g < G; g++) {
-            const float cg_ = corr_s[g];
-            for (int i = 0; i < VEC; i++) acc[g][i] *= cg_;
+            const float cg = corr_s[g];
+#pragma unroll
+            for (int i = 0; i < VEC; i++) acc[g][i] *= cg;
+        }
+        uint4 vv[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int t = r * RSUB + rsub;
+            vv[r] = make_uint4(0, 0, 0, 0);
+            if (t < n) {
+                const size_t slot = (size_t)blk_s[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE;
+                vv[r] = *reinterpret_cast<const uint4*>(
+                    kv_pool + ((slot * 2 + 1) * HKV + kvh) * D + dv * VEC);
+            }
         }
 #pragma unroll
-        for (int t = rsub; t < BLOCK_SIZE; t += RSUB) {
-            if (t < n_here) {
-                const T* vr = kv_pool + (((base + t) * 2 + 1) * HKV + kvh) * D + dv * VEC;
-                const uint4 u = *reinterpret_cast<const uint4*>(vr);
-                const T* e = reinterpret_cast<const T*>(&u);
+        for (int r = 0; r < NR; r++) {
+            const int t = r * RSUB + rsub;
+            if (t < n) {
+                const T* e = reinterpret_cast<const T*>(&vv[r]);
+#pragma unroll
                 for (int g = 0; g < G; g++) {
                     const float p = ps[g][t];
 #pragma unroll
@@ -141,45 +184,56 @@ _CUDA = """
         }
         __syncthreads();
     }
+    // the row groups' sums: within a warp by shuffles, then the warps' in shared memory
+#pragma unroll
     for (int g = 0; g < G; g++)
-        for (int i = 0; i < VEC; i++) red[rsub][g][dv * VEC + i] = acc[g][i];
-    if (lane == 0) {
-        for (int j = 0; j < GW; j++) {
-            const int g = warp + j * NW;
-            if (g < G) { ml_s[g][0] = m_run[j]; ml_s[g][1] = l_run[j]; }
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            float a = acc[g][i];
+            for (int o = NDV; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffff, a, o);
+            if (lane < NDV) red[warp][g][dv * VEC + i] = a;
         }
-    }
     __syncthreads();
     for (int i = tid; i < G * D; i += 128) {
         const int g = i / D, d = i % D;
-        float o = 0.0f;
-        for (int r = 0; r < RSUB; r++) o += red[r][g][d];
-        if (DIRECT) o /= ml_s[g][1];
+        float o = red[0][g][d] + red[1][g][d] + red[2][g][d] + red[3][g][d];
+        if (DIRECT) o /= l_s[g];
         const size_t row = (size_t)b * HQ + kvh * G + g;
         out[(row * S + s) * D + d] = static_cast<OT>(o);
         if (d == 0) {
-            ml[(row * S + s) * 2] = ml_s[g][0];
-            ml[(row * S + s) * 2 + 1] = ml_s[g][1];
+            ml[(row * S + s) * 2] = m_s[g];
+            ml[(row * S + s) * 2 + 1] = l_s[g];
         }
     }
 """
 
 # o_part [R, S, D] float32, ml [R, S, 2] float32 -> out [R, D] in T; one block of 128 threads a row
+# (S <= 128): the splits' weights exp(m_s - max) and their sum first, then a thread a dimension.
 _CUDA_MERGE = """
     const int r = blockIdx.x;
     const int S = o_part_shape[1];
     const int D = o_part_shape[2];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
-    float m = NEG_INF;
-    for (int s = 0; s < S; s++) m = fmaxf(m, ml[((size_t)r * S + s) * 2]);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < S; s++) {
-            const float ms = ml[((size_t)r * S + s) * 2];
-            const float w = ms == NEG_INF ? 0.0f : expf(ms - m);
-            den += w * ml[((size_t)r * S + s) * 2 + 1];
-            num += w * o_part[((size_t)r * S + s) * D + d];
-        }
+    __shared__ float w_s[128];
+    __shared__ float red_s[4];
+    const float ms = tid < S ? ml[((size_t)r * S + tid) * 2] : NEG_INF;
+    const float wm = kipp_warp_max(ms);
+    if (lane == 0) red_s[warp] = wm;
+    __syncthreads();
+    const float m = fmaxf(fmaxf(red_s[0], red_s[1]), fmaxf(red_s[2], red_s[3]));
+    const float w = ms == NEG_INF ? 0.0f : expf(ms - m);
+    w_s[tid] = w;
+    const float lw = kipp_warp_sum(tid < S ? w * ml[((size_t)r * S + tid) * 2 + 1] : 0.0f);
+    __syncthreads();
+    if (lane == 0) red_s[warp] = lw;
+    __syncthreads();
+    const float den = red_s[0] + red_s[1] + red_s[2] + red_s[3];
+    for (int d = tid; d < D; d += 128) {
+        const float* op = o_part + (size_t)r * S * D + d;
+        float num = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < S; j++) num += w_s[j] * op[(size_t)j * D];
         out[(size_t)r * D + d] = static_cast<T>(num / den);
     }
 """
@@ -197,7 +251,8 @@ def _kernel(kind: str, which: str):
         metal = kind == "metal"
         if which == "merge":
             src = _METAL_MERGE if metal else _CUDA_MERGE
-            _built[key] = make("kipp_attn_merge", ["o_part", "ml"], ["out"], src)
+            kw = {} if metal else {"header": _CUDA_HEADER}
+            _built[key] = make("kipp_attn_merge", ["o_part", "ml"], ["out"], src, **kw)
         else:
             src = _METAL if metal else _CUDA
             kw = {} if metal else {"header": _CUDA_HEADER}
@@ -242,16 +297,19 @@ def decode_attention(
         or context_lens.dtype != mx.int32
         or D % vec
         or 128 % (D // vec)
+        or D // vec > 32
         or HQ // HKV > 8
+        or not 1 <= block_size <= 128
     ):
         raise ValueError(
             f"decode_attention needs a pool [slots, 2, Hkv, D] of q's dtype, int32 tables and "
             f"lengths, Hq a multiple of Hkv (at most 8 times), and 128 a multiple of D / (16 / "
-            f"itemsize); got q {q.shape} {q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}"
+            f"itemsize) and D / (16 / itemsize) at most 32, KV blocks of at most 128 slots; got q "
+            f"{q.shape} {q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}, blocks of {block_size}"
         )
     if max_context is None:
         max_context = block_tables.shape[1] * block_size
-    S = splits or num_splits(B, HKV, max_context, block_size)
+    S = min(splits or num_splits(B, HKV, max_context, block_size), MAX_SPLITS)  # merge: <= 128
     out_dtype = q.dtype if S == 1 else mx.float32
     if scale not in _scales:
         _scales[scale] = mx.array([scale], dtype=mx.float32)
