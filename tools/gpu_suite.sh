@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
-#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|mlxprofile|serve|vllm|long|all
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|mlxbench|mlxprofile|serve|vllm|long|all
 #   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
 #   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
 #   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
@@ -21,11 +21,13 @@
 #   vllm        `vllm serve` (VLLM_SITE: its unpacked tree) under serve's load
 #   serve and vllm take a shape (0.6b, 8b); N and C set the requests and the concurrent streams
 #   long        (a backend: cuda, the default, or mlx) 8B bf16 batch-1 prefill and decode at
-#               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), then the
-#               4B-2507 shape's batch-1 decode and 2,048-token prefill beside 0.6B
+#               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), with bf16 and
+#               q8_0 KV caches, then the 4B-2507 shape's batch-1 decode and 2,048-token
+#               prefill beside 0.6B
 #   mlxtests    the MLX GPU tests alone (kernels required), the first half of `mlx`
 #   mlxbench    one of `mlx`'s rows: SHAPE QUANT PROMPT BATCHES [more kipp bench arguments]
-#   mlxprofile  the MLX decode step against mlx-lm kernel by kernel (0.6B and 8B bf16 after
+#   mlxprofile  the paged decode attention alone (tools/profile/mlx_attention_bench.py), then
+#               the MLX decode step against mlx-lm kernel by kernel (0.6B and 8B bf16 after
 #               2,048 tokens, tools/profile/mlx_decode_profile.py), then Kipp's step with the
 #               paged attention's reference (gather + SDPA), eager, and at MLX_MAX_OPS_PER_BUFFER
 #               of 250 ($OUT/mlx_profile.jsonl)
@@ -157,6 +159,13 @@ long() {  # $1 backend (cuda or mlx)
     --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384 \
     --kv-cache-memory 24GiB --json "$OUT/long8_$be.json" --markdown "$OUT/long8_$be.md" 2>&1 \
     | grep -E "^\| kipp|error" | cut -c1-160
+  # bf16 KV bounds decode at 131,072 tokens to 45% of its 2,048-token rate (19.3 GB of KV a token
+  # beside 15.1 GB of weights); q8_0 KV reads 0.53 as many bytes
+  step "$be 8B bf16 weights, q8_0 KV cache, the same contexts"
+  bench --random-weights qwen3-8b --backend "$be" --batch-sizes 1 --max-model-len 131072 \
+    --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384 --kv-quant q8_0 \
+    --kv-cache-memory 24GiB --json "$OUT/long8_${be}_kvq8.json" 2>&1 | grep -E "^\| kipp|error" \
+    | cut -c1-160
   for shape in qwen3-4b-instruct-2507 qwen3-0.6b; do
     step "$be $shape bf16, batch 1, 2,048-token prompt"
     bench --random-weights $shape --backend "$be" --batch-sizes 1 --prompt-len 2048 --gen-len 128 \
@@ -166,6 +175,8 @@ long() {  # $1 backend (cuda or mlx)
 
 mlxprofile() {
   mlx_gpu || return 1
+  step "MLX paged decode attention against cuDNN's SDPA, chained and at every split count"
+  python tools/profile/mlx_attention_bench.py --chained --splits --json "$OUT/mlx_attn.jsonl"
   local p="python tools/profile/mlx_decode_profile.py --json $OUT/mlx_profile.jsonl"
   for shape in qwen3-0.6b qwen3-8b; do
     step "MLX $shape decode after 2,048 tokens, kernel by kernel, mlx-lm beside"
@@ -278,7 +289,7 @@ all)
   if [ "$(gpus)" -ge 2 ]; then tp; fi
   ;;
 *)
-  sed -n 2,33p "$0" | cut -c3-
+  sed -n '2,/^set -u/p' "$0" | sed '$d' | cut -c3-
   exit 2
   ;;
 esac
