@@ -4,15 +4,12 @@ context, the splits merged.
 `_CUDA` (with a Metal twin `_METAL` of the same algorithm, in decode_attention_metal.py),
 `decode_attention` (checks, picks the split count, launches) and `decode_attention_ref` (gather the
 slots, masked SDPA). A 128-thread block takes one (split, kv head, sequence) and walks its split in
-chunks of up to 128 tokens (the chunk's block-table entries read at once): scores with a thread a
-token, its K row read as 16-byte vectors once for every query head of the GQA group (q in shared
-memory as float32); the chunk's online softmax (running max and sum in float32), a warp a head;
-then P V with the 128 threads reading 128 / (D / 8) V rows at once as 16-byte vectors (coalesced),
-every row's load of the chunk issued before the sums, each thread keeping float32 sums for its
-dimensions of every head. So K and V are read once per kv head, and a chunk costs three barriers
-and two rounds of memory latency (the earlier kernel walked a KV block at a time: 4x cuDNN's time
-at 2,048 tokens on an H200). With one split the block writes the normalized output; with several
-it writes float32 partials (o, max, sum) that `_CUDA_MERGE` combines.
+chunks of up to 128 tokens (their block-table entries read at once): scores with a thread a token,
+its K row read as 16-byte vectors once for every query head of the GQA group; the chunk's online
+softmax (float32), a warp a head; then P V, the 128 threads reading 128 / (D / 8) V rows at once
+(coalesced), every row's load issued before the sums. So K and V are read once per kv head, three
+barriers a chunk. One split writes the normalized output; several write float32 partials (o, max,
+sum) that `_CUDA_MERGE` combines.
 """
 
 from __future__ import annotations
@@ -207,8 +204,7 @@ _CUDA = """
     }
 """
 
-# o_part [R, S, D] float32, ml [R, S, 2] float32 -> out [R, D] in T; one block of 128 threads a row
-# (S <= 128): the splits' weights exp(m_s - max) and their sum first, then a thread a dimension.
+# o_part [R, S, D], ml [R, S, 2] float32 -> out [R, D] in T; a 128-thread block a row (S <= 128)
 _CUDA_MERGE = """
     const int r = blockIdx.x;
     const int S = o_part_shape[1];
