@@ -9,6 +9,7 @@ stream holds at most what its client has not read.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import queue
@@ -53,16 +54,22 @@ class RequestStream:
         return not self.unfinished
 
     def put(self, out: RequestOutput) -> None:
-        self.metrics[out.request_id] = out.metrics
+        self.metrics[out.request_id] = copy.copy(out.metrics)  # put_delta counts on in it
         prev = self._pending.get(out.request_id)
         self._pending[out.request_id] = out if prev is None else merge_outputs(prev, out)
         self._ready.set()
 
     def put_delta(self, rid: str, text: str, token_ids: list[int]) -> None:
         """A TokenDelta (kipp_core/request.py) as the RequestOutput the engine would have made,
-        with the request's latest metrics (only a final output's are read)."""
+        with the request's latest metrics, its output count advanced (the access log of a stream
+        that ends early reads it; a handler reads only a final output's metrics)."""
+        m = self.metrics[rid]
+        m.num_output_tokens += len(token_ids)
         c = CompletionOutput(0, text, token_ids, None, None, None, text, token_ids, [])
-        self.put(RequestOutput(rid, [], [c], False, self.metrics[rid]))
+        out = RequestOutput(rid, [], [c], False, m)
+        prev = self._pending.get(rid)
+        self._pending[rid] = out if prev is None else merge_outputs(prev, out)
+        self._ready.set()
 
     def __aiter__(self):
         return self

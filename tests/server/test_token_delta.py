@@ -27,6 +27,14 @@ REQUESTS = {
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 
 
+def counts(eng, rid: str, stream: RequestStream) -> int:
+    """rid's tokens made so far: the engine's own, or the final output's once it is gone."""
+    req = eng.requests.get(rid)
+    if req is None:
+        return stream._pending[rid].metrics.num_output_tokens
+    return sum(len(st.seq.output_token_ids) for st in req.states)
+
+
 def _read(stream: RequestStream, n: int) -> list:
     async def take():
         return [await stream.__anext__() for _ in range(n)]
@@ -53,6 +61,8 @@ def _run(llm, token_deltas: bool):
             fast[out.request_id].put(out)
         for rid, text, ids in msg.deltas:
             fast[rid].put_delta(rid, text, ids)
+        for rid in news:  # the stream's count follows the engine's (the access log reads it)
+            assert fast[rid].metrics[rid].num_output_tokens == counts(eng, rid, fast[rid])
         for rid in sorted(news):
             # "slow" is read every third step and when done: what is pending is merged
             if rid == "slow" and steps % 3 and not fast[rid]._pending[rid].finished:
