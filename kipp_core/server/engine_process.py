@@ -162,9 +162,9 @@ class EngineProcess:
         self._stopping = True
         self._outbox.put(STOP)
         self._proc.join(timeout)
-        if self._proc.is_alive():
-            log.warning("the engine process did not stop in %.0f s; terminating it", timeout)
-            self._proc.terminate()
+        if self._proc.is_alive():  # SIGKILL: the child ignores SIGTERM (see _child)
+            log.warning("the engine process did not stop in %.0f s; killing it", timeout)
+            self._proc.kill()
             self._proc.join(5)
         for t in self._threads:
             t.join(5)

@@ -2,7 +2,8 @@
 offline engine's through the official client; the engine process ignores a signal to the whole
 process group (a terminal's Ctrl-C) so that the server can drain first; and if the engine
 process dies, a stream in flight ends with an error event and [DONE], and later requests get a
-503 error body at once instead of hanging."""
+503 error body at once instead of hanging; an engine process that does not stop when told is
+killed (it ignores SIGTERM, so terminating it would leave it running)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from openai import OpenAI
 
 from kipp_core.llm import LLM
 from kipp_core.sampling import SamplingParams
+from kipp_core.server.engine_process import EngineProcess
 from tests.server.conftest import kipp_serve, sse_events
 
 
@@ -130,3 +132,23 @@ def test_the_engine_can_stay_in_process(flag):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def _stuck_child(model, llm_kwargs, cmd_conn, msg_conn, log_level):
+    """An engine process that loads, then never reads a command, ignoring SIGTERM as _child."""
+    import pickle
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    msg_conn.send_bytes(pickle.dumps(("ready", {})))
+    time.sleep(600)
+
+
+def test_an_engine_process_that_does_not_stop_is_killed():
+    ep = EngineProcess("unused", {}, child=_stuck_child)
+    ep.launch()
+    ep.start(lambda msg: None)
+    t = time.monotonic()
+    ep.stop(timeout=0.5)
+    assert not ep._proc.is_alive()
+    assert ep._proc.exitcode == -signal.SIGKILL
+    assert time.monotonic() - t < 10
