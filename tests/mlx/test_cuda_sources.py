@@ -84,7 +84,7 @@ def cases():
                 [("o_part", "float32"), ("ml", "float32")],
                 [("out", t)],
                 da._CUDA_MERGE,
-                "",
+                da._CUDA_HEADER,  # as _kernel builds it: the warp reductions
                 [("T", t)],
             )
             yield ("swiglu", [("gate_up", t)], [("out", t)], sw._CUDA, "", [("T", t)])
