@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kipp's GPU suites on a machine with one NVIDIA GPU (two for `tp`), from the repository root:
-#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|mlxbench|mlxprofile|serve|vllm|long|all
+#   bash tools/gpu_suite.sh env|tests|decode|prefill|throughput|tp|kernels|mlx|mlxtests|mlxbench|mlxprofile|serve|vllm|long|llama|all
 #   env         the GPU, driver and library versions and the commit ($OUT/env.txt)
 #   tests       the GPU tests: tests/cuda (-k gpu) and the conformance gates on the cuda backend
 #   decode      BENCHMARKS.md's H200 commands: 0.6B batch-1 decode and prefill, 256-request
@@ -24,6 +24,9 @@
 #               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), with bf16 and
 #               q8_0 KV caches, then the 4B-2507 shape's batch-1 decode and 2,048-token
 #               prefill beside 0.6B
+#   llama       llama.cpp (built from .peers/llama.cpp-src.tar.xz on first use) on the long suite's
+#               8B checkpoint with static YaRN in its GGUF: prefill of 2,048 / 32,768 / 131,072
+#               tokens and decode at depths 0 / 32,768 / 131,072 (llama-bench)
 #   mlxtests    the MLX GPU tests alone (kernels required), the first half of `mlx`
 #   mlxbench    one of `mlx`'s rows: SHAPE QUANT PROMPT BATCHES [more kipp bench arguments]
 #   mlxprofile  the paged decode attention alone (tools/profile/mlx_attention_bench.py), then
@@ -269,6 +272,32 @@ vllm_serve() {  # $1 shape (default 0.6b): vllm serve (dummy weights, its defaul
   kill -TERM $vpid 2>/dev/null; wait $vpid 2>/dev/null
 }
 
+llama_long() {  # llama.cpp (.peers/llama.cpp-src.tar.xz) 8B bf16 at the long suite's contexts
+  local src=/tmp/llama.cpp ck yarn=/tmp/q8yarn
+  if [ ! -x $src/build/bin/llama-bench ]; then
+    step "llama.cpp: build (CUDA, sm_90; about 4 minutes on 16 cores)"
+    tar xJf .peers/llama.cpp-src.tar.xz -C /tmp || return 1
+    (cd $src && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+      -DCMAKE_BUILD_TYPE=Release > /dev/null && cmake --build build -j16 --target llama-bench \
+      > "$OUT/llama_build.log" 2>&1) || { tail -5 "$OUT/llama_build.log"; return 1; }
+  fi
+  ck=$(ckpt qwen3-8b)
+  step "llama.cpp 8B bf16, static YaRN (factor 4 over 32,768) in the GGUF"
+  mkdir -p $yarn && cp "$ck"/*.json $yarn/ && ln -sf "$ck"/*.safetensors $yarn/
+  python - $yarn/config.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+c["max_position_embeddings"] = 131072
+json.dump(c, open(sys.argv[1], "w"), indent=2)
+PY
+  [ -f /tmp/q8yarn.gguf ] || PYTHONPATH=$src/gguf-py python $src/convert_hf_to_gguf.py $yarn \
+    --outtype bf16 --outfile /tmp/q8yarn.gguf > "$OUT/llama_convert.log" 2>&1 || return 1
+  $src/build/bin/llama-bench -m /tmp/q8yarn.gguf -ngl 99 -fa 1 -p 2048,32768,131072 -n 64 \
+    -d 0,32768,131072 -r 1 -o md 2>&1 | tee "$OUT/llama_long.md" | grep -E "^\|" | cut -c1-160
+}
+
 case "${1:-}" in
 env) env_info ;;
 tests) env_info; tests ;;
@@ -282,6 +311,7 @@ mlxtests) env_info; mlxtests ;;
 mlxprofile) env_info; mlxprofile ;;
 mlxbench) shift; mlx_bench "$@" ;;
 long) env_info; long "${2:-cuda}" ;;
+llama) env_info; llama_long ;;
 serve) env_info; serve "${2:-0.6b}" ;;
 vllm) env_info; vllm_serve "${2:-0.6b}" ;;
 all)
