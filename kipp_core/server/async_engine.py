@@ -55,9 +55,7 @@ class RequestStream:
 
     def put(self, out: RequestOutput) -> None:
         self.metrics[out.request_id] = copy.copy(out.metrics)  # put_delta counts on in it
-        prev = self._pending.get(out.request_id)
-        self._pending[out.request_id] = out if prev is None else merge_outputs(prev, out)
-        self._ready.set()
+        self._queue(out)
 
     def put_delta(self, rid: str, text: str, token_ids: list[int]) -> None:
         """A TokenDelta (kipp_core/request.py) as the RequestOutput the engine would have made,
@@ -66,9 +64,12 @@ class RequestStream:
         m = self.metrics[rid]
         m.num_output_tokens += len(token_ids)
         c = CompletionOutput(0, text, token_ids, None, None, None, text, token_ids, [])
-        out = RequestOutput(rid, [], [c], False, m)
-        prev = self._pending.get(rid)
-        self._pending[rid] = out if prev is None else merge_outputs(prev, out)
+        self._queue(RequestOutput(rid, [], [c], False, m))
+
+    def _queue(self, out: RequestOutput) -> None:
+        """out waits for the reader, merged with what it has not read yet."""
+        prev = self._pending.get(out.request_id)
+        self._pending[out.request_id] = out if prev is None else merge_outputs(prev, out)
         self._ready.set()
 
     def __aiter__(self):
