@@ -22,7 +22,7 @@
 #   serve and vllm take a shape (0.6b, 8b); N and C set the requests and the concurrent streams
 #   long        (a backend: cuda, the default, or mlx) 8B bf16 batch-1 prefill and decode at
 #               contexts of 2,048, 32,768 and 131,072 tokens (YaRN past 40,960), with bf16 and
-#               q8_0 KV caches, then the 4B-2507 shape's batch-1 decode and 2,048-token
+#               q8_0 KV caches (KV="q8_0": one of them), then the 4B-2507 shape's batch-1 decode and 2,048-token
 #               prefill beside 0.6B
 #   llama       llama.cpp (built from .peers/llama.cpp-src.tar.xz on first use) on the long suite's
 #               8B checkpoint with static YaRN in its GGUF: prefill of 2,048 / 32,768 / 131,072
@@ -154,25 +154,25 @@ mlxtests() {
     2>&1 | tee "$OUT/tests_mlx.log" | tail -6
 }
 
-long() {  # $1 backend (cuda or mlx)
-  local be=${1:-cuda}
+long() {  # $1 backend (cuda or mlx); KV: the KV caches to run (default "bf16 q8_0")
+  local be=${1:-cuda} kv
   [ "$be" = mlx ] && { mlx_gpu || return 1; export KIPP_MLX_REQUIRE_KERNELS=1; }
-  step "$be 8B bf16, batch 1, contexts 2,048 / 32,768 / 131,072 (YaRN past 40,960)"
-  bench --random-weights qwen3-8b --backend "$be" --batch-sizes 1 --max-model-len 131072 \
-    --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384 \
-    --kv-cache-memory 24GiB --json "$OUT/long8_$be.json" --markdown "$OUT/long8_$be.md" 2>&1 \
-    | grep -E "^\| kipp|error" | cut -c1-160
   # bf16 KV bounds decode at 131,072 tokens to 45% of its 2,048-token rate (19.3 GB of KV a token
   # beside 15.1 GB of weights); q8_0 KV reads 0.53 as many bytes
-  step "$be 8B bf16 weights, q8_0 KV cache, the same contexts"
-  bench --random-weights qwen3-8b --backend "$be" --batch-sizes 1 --max-model-len 131072 \
-    --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384 --kv-quant q8_0 \
-    --kv-cache-memory 24GiB --json "$OUT/long8_${be}_kvq8.json" 2>&1 | grep -E "^\| kipp|error" \
-    | cut -c1-160
+  for kv in ${KV:-bf16 q8_0}; do
+    local ka="" tag=""
+    [ "$kv" != bf16 ] && { ka="--kv-quant $kv"; tag="_kv$kv"; }
+    step "$be 8B bf16, $kv KV, batch 1, contexts 2,048 / 32,768 / 131,072 (YaRN past 40,960)"
+    bench --random-weights qwen3-8b --backend "$be" --batch-sizes 1 --max-model-len 131072 \
+      --context-lens 2048,32768,131072 --gen-len 64 --max-num-batched-tokens 16384 $ka \
+      --kv-cache-memory 24GiB --json "$OUT/long8_$be$tag.json" --markdown "$OUT/long8_$be$tag.md" \
+      2>&1 | grep -E "^\| kipp|error" | cut -c1-160
+  done
   for shape in qwen3-4b-instruct-2507 qwen3-0.6b; do
     step "$be $shape bf16, batch 1, 2,048-token prompt"
     bench --random-weights $shape --backend "$be" --batch-sizes 1 --prompt-len 2048 --gen-len 128 \
-      --kv-cache-memory 16GiB --max-model-len 32768 --json "$OUT/b_${shape}_$be.json" 2>&1 | grep -E "^\| kipp|error"
+      --kv-cache-memory 16GiB --max-model-len 32768 --json "$OUT/b_${shape}_$be.json" 2>&1 \
+      | grep -E "^\| kipp|error"
   done
 }
 
@@ -294,8 +294,12 @@ json.dump(c, open(sys.argv[1], "w"), indent=2)
 PY
   [ -f /tmp/q8yarn.gguf ] || PYTHONPATH=$src/gguf-py python $src/convert_hf_to_gguf.py $yarn \
     --outtype bf16 --outfile /tmp/q8yarn.gguf > "$OUT/llama_convert.log" 2>&1 || return 1
-  $src/build/bin/llama-bench -m /tmp/q8yarn.gguf -ngl 99 -fa 1 -p 2048,32768,131072 -n 64 \
-    -d 0,32768,131072 -r 1 -o md 2>&1 | tee "$OUT/llama_long.md" | grep -E "^\|" | cut -c1-160
+  # prefill and decode as separate tests: one list of -p and -d would run every pair (a
+  # 131,072-token prompt after a 131,072-token depth); the long prompts skip their warm-up run
+  local lb="$src/build/bin/llama-bench -m /tmp/q8yarn.gguf -ngl 99 -fa 1 -o md"
+  { $lb -p 2048 -n 0 -r 2; $lb -p 32768,131072 -n 0 -r 1 --no-warmup
+    $lb -p 0 -n 64 -d 0,32768,131072 -r 1; } 2>&1 | tee "$OUT/llama_long.md" | grep -E "^\|" \
+    | cut -c1-160
 }
 
 case "${1:-}" in

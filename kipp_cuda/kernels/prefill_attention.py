@@ -10,6 +10,8 @@ binary search over cu_seqlens_q, so a call is CUDA-graph safe.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -219,6 +221,11 @@ def _paged_prefill_attention_kernel(
         tl.store(mid_lse_ptr + t * stride_lt + heads * stride_lh + split, lse, mask=row_ok)
 
 
+# "BLOCK_M,BLOCK_N,num_warps,num_stages" for the 128-row tiles of long queries, to try a tile
+# inside a whole model (tools/sweep/attention_sweep.py --only prefill sweeps the kernel alone)
+TILES_ENV = "KIPP_CUDA_PREFILL_TILES"
+
+
 def prefill_config(max_q_len: int, G: int, dtype: torch.dtype) -> dict:
     """Tile sizes, from host ints only (deterministic; one compile per distinct config)."""
     block_m = min(128, max(16, triton.next_power_of_2(max_q_len * G), triton.next_power_of_2(G)))
@@ -226,6 +233,15 @@ def prefill_config(max_q_len: int, G: int, dtype: torch.dtype) -> dict:
     num_stages = 3 if block_m >= 64 else 2
     if dtype == torch.float32:  # fp32 tiles need twice the shared memory
         block_m, block_n, num_stages = min(block_m, 64), 32, 2
+    elif block_m == 128 and os.environ.get(TILES_ENV):
+        block_m, block_n, warps, num_stages = (int(v) for v in os.environ[TILES_ENV].split(","))
+        return {
+            "BLOCK_M": block_m,
+            "BLOCK_Q": block_m // G,
+            "BLOCK_N": block_n,
+            "num_warps": warps,
+            "num_stages": num_stages,
+        }
     return {
         "BLOCK_M": block_m,
         "BLOCK_Q": block_m // G,

@@ -1,14 +1,16 @@
 """Where an MLX decode step's time goes: host against device, kernel by kernel, Kipp beside mlx-lm.
 
     python tools/profile/mlx_decode_profile.py --shape qwen3-0.6b [--quant affine4] \
-        [--prompt-len 2048] [--decode-tokens 64] [--engines kipp,mlx-lm] [--kernels] [--json F]
+        [--prompt-len 2048] [--decode-tokens 64] [--engines kipp,mlx-lm] [--kernels]
+        [--prompt-kernels] [--json F]
 
 For each engine, on a random-weight checkpoint of the registry shape: decode ms a token (median
 of three runs after a warm-up); for Kipp also the host's ms a step inside the backend's step
 (building the graph and queueing it with mx.async_eval), the rest being the wait for the device.
 `--kernels` records one more run under torch.profiler (CUPTI sees every kernel in the process,
 MLX's included, CUDA graphs too) and prints each kernel's device time a token, so the device's
-busy time a token stands beside the step's wall time. MLX's knobs are environment variables of
+busy time a token stands beside the step's wall time; `--prompt-kernels` adds the same table for the
+prompt's step (device time the prompt). MLX's knobs are environment variables of
 this process (MLX_MAX_OPS_PER_BUFFER, MLX_USE_CUDA_GRAPHS); KIPP_MLX_COMPILE=0 runs Kipp's eager
 step. One JSON line an engine.
 """
@@ -50,36 +52,42 @@ def peer_runner(path, args):
     return PeerRunner(str(path), args.prompt_len, args.decode_tokens, quant=args.quant), None
 
 
-def kipp_decode(r, start) -> None:
-    """KippRunner.run with `start()` called between the prompt's step and the decode steps."""
+def kipp_decode(r, prof, prompt: bool = False) -> None:
+    """KippRunner.run profiled over the decode steps (`prompt`: over the prompt's step alone)."""
     eng = r.llm.engine
+    if prompt:
+        prof.start()
     eng.add_request("profiled", r.prompt, r.params)
     while not any(o.outputs[0].token_ids for o in eng.step()):
         pass
-    start()
+    (prof.stop if prompt else prof.start)()
     while eng.has_unfinished_requests():
         eng.step()
 
 
-def peer_decode(r, start) -> None:
+def peer_decode(r, prof, prompt: bool = False) -> None:
     from mlx_lm.generate import generate_step
 
+    if prompt:
+        prof.start()
     gen = generate_step(r.prompt, r.model, max_tokens=r.decode_tokens + 1)
     next(gen)
-    start()
+    (prof.stop if prompt else prof.start)()
     for _ in gen:
         pass
 
 
-def kernel_table(decode, r, tokens: int, top: int) -> dict:
-    """Each kernel's device time a decode token, the prompt's kernels left out."""
+def kernel_table(decode, r, tokens: int, top: int, prompt: bool = False) -> dict:
+    """Each kernel's device time a decode token, the prompt's kernels left out (`prompt`: the
+    prompt's kernels alone, `tokens` 1: their time for the whole prompt)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.init()
     prof = profile(activities=[ProfilerActivity.CUDA])
-    decode(r, prof.start)
-    prof.stop()
+    decode(r, prof, prompt)
+    if not prompt:
+        prof.stop()
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -101,6 +109,9 @@ def main(argv=None) -> int:
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--engines", default="kipp,mlx-lm")
     p.add_argument("--kernels", action="store_true")
+    p.add_argument(
+        "--prompt-kernels", action="store_true", help="also the prompt step's kernels (us a prompt)"
+    )
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -131,6 +142,8 @@ def main(argv=None) -> int:
             try:
                 decode = kipp_decode if engine == "kipp" else peer_decode
                 rec["kernels"] = kernel_table(decode, r, r.decode_tokens, args.top)
+                if args.prompt_kernels:
+                    rec["prompt_kernels"] = kernel_table(decode, r, 1, args.top, prompt=True)
             except Exception as e:  # a profiler that cannot attach leaves the timings standing
                 rec["kernels"] = f"{type(e).__name__}: {e}"
         line = json.dumps(rec)

@@ -1,9 +1,11 @@
 """Sweep paged decode attention's launch settings, timed inside CUDA graphs as the GEMVs are
 (kernel_sweep.py): at batch 1 per merge variant, first-tile prefetch and warp count over a grid of
 split lengths and counts (`--only attn`), and at batch 256 over tile size, warps, pipelining depth
-and prefetch (`--only attn_b256`). Prints the default and the best; `--json` keeps every row.
+and prefetch (`--only attn_b256`); paged prefill attention over long contexts (8B heads,
+16,384-query chunks as `--max-num-batched-tokens 16384` cuts a long prompt) over tile shape, warps
+and pipelining depth (`--only prefill`). Prints the default and the best; `--json` keeps every row.
 
-python tools/sweep/attention_sweep.py [--only attn,attn_b256] [--quick] [--json out.json]
+python tools/sweep/attention_sweep.py [--only attn,attn_b256,prefill] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton
 from kernel_sweep import timed
 
 import kipp_cuda.kernels.decode_attention as da
+import kipp_cuda.kernels.prefill_attention as pa
 
 QUICK = False  # --quick: batch 1 at the default split count only
 
@@ -161,6 +164,72 @@ def attn_batch(rows):
     )
 
 
+def prefill(rows):
+    """Paged prefill attention, 8B heads: a 2,048-token prompt, and the last 16,384-query chunk of
+    32,768- and 131,072-token prompts (the chunks a long prefill spends most of its time in), on
+    shuffled 32-token pages. Each config is checked against the default config's output (the
+    default is checked against the reference in the GPU tests) and timed by CUDA events, median
+    of 3 calls (a long call is 10-100 ms: graphs add nothing)."""
+    page, D, hq, hkv = 32, 128, 32, 8
+    saved = pa.prefill_config
+    grid = [
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+        for m, n, w, st in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
+    ]
+    try:
+        for q_len, ctx in ((2048, 2048), (16384, 32768), (16384, 131072)):
+            nb = ctx // page
+            kc = torch.randn(nb, page, hkv, D, dtype=torch.bfloat16, device="cuda")
+            vc = torch.randn_like(kc)
+            bt = torch.randperm(nb, device="cuda").to(torch.int32)[None]
+            lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+            cu = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")
+            q = torch.randn(q_len, hq, D, dtype=torch.bfloat16, device="cuda")
+            a = (q, kc, vc, bt, cu, lens, D**-0.5, q_len)
+            default = saved(q_len, hq // hkv, q.dtype)
+            ref = pa._paged_prefill_attention_op(*a).float()
+            flops = 4 * D * hq * (q_len * (ctx - q_len) + q_len * (q_len + 1) // 2)
+            results = []
+            for cfg in [default, *grid]:
+                full = {**cfg, "BLOCK_Q": cfg["BLOCK_M"] // (hq // hkv)}
+                pa.prefill_config = lambda *_, c=full: c
+                results.append(_event_timed(cfg, partial(pa._paged_prefill_attention_op, *a), ref))
+                pa.prefill_config = saved
+            ok = sorted((r for r in results if "ms" in r), key=lambda r: r["ms"])
+            d = results[0]
+            shape = f"8B q {q_len} ctx {ctx}"
+            print(
+                f"prefill  {shape}: default {d.get('ms', math.nan):8.3f} ms "
+                f"{flops / d.get('ms', math.nan) / 1e9:6.0f} TFLOP/s {d['cfg']}"
+            )
+            for r in ok[:4]:
+                tf = flops / r["ms"] / 1e9
+                print(f"{'':9} best {r['ms']:8.3f} ms {tf:6.0f} TFLOP/s {r['cfg']}")
+            rows.append({"family": "prefill", "shape": shape, "flops": flops, "results": results})
+            del kc, vc, q, ref
+            torch.cuda.empty_cache()
+    finally:
+        pa.prefill_config = saved
+
+
+def _event_timed(cfg: dict, fn, ref: torch.Tensor, calls: int = 3) -> dict:
+    try:
+        err = ((fn().float() - ref).norm() / ref.norm()).item()
+        if not err < 2e-2:
+            raise AssertionError(f"wrong result, rel err {err:.2e}")
+        times = []
+        for _ in range(calls):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+    except Exception as e:  # noqa: BLE001 - a failing config is reported, not fatal
+        return {"cfg": cfg, "error": str(e)[:120]}
+    return {"cfg": cfg, "ms": sorted(times)[len(times) // 2], "all_ms": times}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--only", default="attn")
@@ -173,7 +242,7 @@ def main() -> None:
     triton.runtime.driver.active.get_current_device()  # needs a GPU: after --help
     rows: list = []
     only = args.only.split(",")
-    for name, fn in (("attn", attn), ("attn_b256", attn_batch)):
+    for name, fn in (("attn", attn), ("attn_b256", attn_batch), ("prefill", prefill)):
         if name in only:
             fn(rows)
             if args.json:
