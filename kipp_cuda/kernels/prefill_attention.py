@@ -231,22 +231,22 @@ def prefill_config(max_q_len: int, G: int, dtype: torch.dtype) -> dict:
     block_m = min(128, max(16, triton.next_power_of_2(max_q_len * G), triton.next_power_of_2(G)))
     block_n = 64
     num_stages = 3 if block_m >= 64 else 2
+    warps = 8 if block_m >= 128 else 4
     if dtype == torch.float32:  # fp32 tiles need twice the shared memory
         block_m, block_n, num_stages = min(block_m, 64), 32, 2
+        warps = 4
     elif block_m == 128 and os.environ.get(TILES_ENV):
         block_m, block_n, warps, num_stages = (int(v) for v in os.environ[TILES_ENV].split(","))
-        return {
-            "BLOCK_M": block_m,
-            "BLOCK_Q": block_m // G,
-            "BLOCK_N": block_n,
-            "num_warps": warps,
-            "num_stages": num_stages,
-        }
+    elif block_m == 128:
+        # 32 keys a step, 4 warps: 16,384 queries over 131,072 keys in 84.6 ms against 105.9 ms
+        # for 64 keys and 8 warps (390 against 311 TFLOP/s; 8B heads on an H200, record
+        # benchmarks/2026-12-02-fa2aa13-h200/sweep_prefill.json)
+        block_n, warps = 32, 4
     return {
         "BLOCK_M": block_m,
         "BLOCK_Q": block_m // G,
         "BLOCK_N": block_n,
-        "num_warps": 8 if block_m >= 128 else 4,
+        "num_warps": warps,
         "num_stages": num_stages,
     }
 
