@@ -6,12 +6,12 @@ sequence's queries attend causally over its whole context (cached tokens plus it
   (kipp_mlx.kernels.decode_attention) when the ladder chose it, else its reference (the slots
   gathered, padded to the longest context, and masked SDPA); a step of decode rows alone runs as
   one compiled graph on a GPU (kipp_mlx.decode_graph);
-- every other sequence (prefill chunks, verification rows): its context's slots gathered into one
-  contiguous copy, then causal attention with lower-right alignment (kipp_mlx.prefill_attention:
-  one fused SDPA on a GPU, else query chunks of SDPA, or key tiles where SDPA would hold every
-  score). The copy
-  moves O(context) bytes against O(new tokens x context) FLOPs of attention, under 5% of a
-  2,048-token chunk's attention time even at a 131,072-token context.
+- every other sequence (prefill chunks, verification rows): its cached prefix's slots gathered
+  into one contiguous copy beside its own new K/V, then causal attention with lower-right
+  alignment (kipp_mlx.prefill_attention: one fused SDPA on a GPU, else query chunks of SDPA, or
+  key tiles where SDPA would hold every score). The copy moves O(context) bytes against O(new
+  tokens x context) FLOPs of attention, under 5% of a 2,048-token chunk's attention time even at
+  a 131,072-token context; a prompt with nothing cached reads nothing back.
 """
 
 from __future__ import annotations
@@ -118,9 +118,15 @@ class AttentionMetadata:
 
 
 def attend(
-    q: mx.array, kv: PagedKVCache, layer: int, meta: AttentionMetadata, scale: float
+    q: mx.array,
+    kv_new: mx.array,
+    kv: PagedKVCache,
+    layer: int,
+    meta: AttentionMetadata,
+    scale: float,
 ) -> mx.array:
-    """q: [T, Hq, D] (post-RoPE); the new tokens' K/V are already in `kv`. Returns [T, Hq, D]."""
+    """q: [T, Hq, D] (post-RoPE); kv_new [T, 2, Hkv, D] the new tokens' K/V, already written to
+    `kv`. Returns [T, Hq, D]."""
     outs = []
     nd = meta.num_decode
     if nd:
@@ -143,7 +149,7 @@ def attend(
     c0 = 0
     fused = fused_sdpa(q.dtype, q.shape[2])
     for sp in meta.spans[nd:]:
-        k, v = kv.read(layer, meta.context_slots[c0 : c0 + sp.context_len])  # [ctx, Hkv, D]
+        k, v = _context(kv_new, kv, layer, meta.context_slots[c0 : c0 + sp.context_len], sp)
         c0 += sp.context_len
         k, v = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]  # [1, Hkv, ctx, D]
         # Unfused, long prefills run in query chunks; a chunk ending at row b sees keys up to
@@ -156,3 +162,17 @@ def attend(
             o = prefill_attention(qs, k[:, :, :n_keys], v[:, :, :n_keys], scale)
             outs.append(o[0].transpose(1, 0, 2))
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+
+
+def _context(kv_new, kv: PagedKVCache, layer: int, slots: mx.array, sp: SeqSpan):
+    """K, V [ctx, Hkv, D] of a prefill span: its cached prefix read from the pool, its own new
+    rows from kv_new (a dense pool may be written in place, unseen by MLX's ordering; a q8_0
+    cache reads everything back, its new rows rounded as stored)."""
+    if kv.kv_quant:
+        return kv.read(layer, slots)
+    new = kv_new[sp.q_start : sp.q_start + sp.q_len]
+    cached = sp.context_len - sp.q_len
+    if cached == 0:
+        return new[:, 0], new[:, 1]
+    k, v = kv.read(layer, slots[:cached])
+    return mx.concatenate([k, new[:, 0]]), mx.concatenate([v, new[:, 1]])

@@ -2,7 +2,9 @@
 
 Slot `block_id * block_size + offset` holds one token. Pools start small and grow (doubling, up to
 `num_blocks`) when a block table names a block beyond them, so memory is committed as the engine
-uses it. Writes are scatters into a pool that nothing else references, which MLX does in place.
+uses it. `write` scatters into the pool, which MLX does in place only when nothing else holds it;
+while the previous step runs, its kernels hold it, so on a GPU a dense pool is written by the
+q/k-norm kernel itself, in place (kipp_mlx.kernels.qk_norm_rope.qk_norm_rope_write, `set_pool`).
 A dense layer's K and V share one pool, [slots, 2, num_kv_heads, head_dim], so a step writes a
 layer's new tokens with one scatter and the decode kernel reads a token's K and V rows from one
 array.
@@ -139,3 +141,8 @@ class PagedKVCache:
         """The dense layer's pool [slots, 2, num_kv_heads, head_dim]."""
         assert not self.kv_quant
         return self.kv[layer]
+
+    def set_pool(self, layer: int, pool: mx.array) -> None:
+        """The dense layer's pool after a write outside `write` (qk_norm_rope_write)."""
+        assert not self.kv_quant and pool.shape == self.kv[layer].shape
+        self.kv[layer] = pool

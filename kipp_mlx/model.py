@@ -22,7 +22,7 @@ import mlx.nn as nn
 from kipp_core.config import ModelConfig
 from kipp_mlx.attention import AttentionMetadata, attend
 from kipp_mlx.kernels.add_rms_norm import add_rms_norm_ref
-from kipp_mlx.kernels.qk_norm_rope import qk_norm_rope_ref, rope_table
+from kipp_mlx.kernels.qk_norm_rope import qk_norm_rope_ref, qk_norm_rope_write_ref, rope_table
 from kipp_mlx.kernels.swiglu import swiglu_ref
 from kipp_mlx.kv_cache import PagedKVCache
 
@@ -33,6 +33,7 @@ class Kernels:
     reference. `decode_attention` None: the batched gather reference."""
 
     qk_norm_rope: object = qk_norm_rope_ref
+    qk_norm_rope_write: object = qk_norm_rope_write_ref  # and K / V into a dense pool
     add_rms_norm: object = add_rms_norm_ref
     decode_attention: object | None = None
     swiglu: object = swiglu_ref
@@ -55,8 +56,8 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
 
     def __call__(self, x, meta: AttentionMetadata, kv: PagedKVCache, step: StepInputs):
-        T = x.shape[0]
-        q, kv_new = step.kernels.qk_norm_rope(
+        T, layer = x.shape[0], self.layer_idx
+        args = (
             self.qkv_proj(x),
             self.q_norm.weight,
             self.k_norm.weight,
@@ -67,8 +68,18 @@ class Attention(nn.Module):
             self.num_kv_heads,
             self.head_dim,
         )
-        kv.write(self.layer_idx, kv_new, meta.slot_mapping)  # post-norm, post-RoPE K
-        o = attend(q, kv, self.layer_idx, meta, self.scale)  # [T, Hq, D]
+        # post-norm, post-RoPE K into the cache: written by the kernel itself into a dense pool
+        # where every reader of the new slots depends on q (the paged decode kernel; prefill
+        # rows read their own K/V from kv_new), else by the cache's scatter
+        if kv.kv_quant or (meta.num_decode and meta.decode_attention is None):
+            q, kv_new = step.kernels.qk_norm_rope(*args)
+            kv.write(layer, kv_new, meta.slot_mapping)
+        else:
+            q, kv_new, pool = step.kernels.qk_norm_rope_write(
+                *args, kv.pool(layer), meta.slot_mapping
+            )
+            kv.set_pool(layer, pool)
+        o = attend(q, kv_new, kv, layer, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, -1))
 
 

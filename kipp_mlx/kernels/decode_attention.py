@@ -20,8 +20,11 @@ import numpy as np
 from kipp_mlx.kernels.decode_attention_metal import _METAL, _METAL_MERGE
 
 THREADS = 128  # 4 warps / simdgroups a block
-TARGET_BLOCKS = 264  # two blocks an SM on a 132-SM GPU: splits stop where B * Hkv reaches this
-TILES_PER_SPLIT = 8  # long contexts: a split walks at most this many KV blocks
+# A split walks ~TILES_PER_SPLIT KV blocks (its chunks run in sequence, ~3 us each on an H200; a
+# split adds fixed and merge cost). 8B heads, batch 1, 1 / 2 / 4 / 8 / 16 splits at 2,048 tokens:
+# 72 / 43 / 30 / 27 / 33 us; 32,768 best at 32; batch 64 best at 4 (fa2aa13-h200/mlx/mlx_attn)
+TILES_PER_SPLIT = 16
+AUTO_SPLITS = 32
 MAX_SPLITS = 128
 
 # q: [B, HQ, D]; kv_pool: [slots, 2, HKV, D] (K then V); block_tables: [B, max_blocks] int32;
@@ -257,13 +260,10 @@ def _kernel(kind: str, which: str):
 
 
 def num_splits(batch: int, num_kv_heads: int, max_context: int, block_size: int) -> int:
-    """Splits of each sequence's context: enough (split, kv head, sequence) blocks to fill the GPU
-    (TARGET_BLOCKS), and more for long contexts (at most TILES_PER_SPLIT KV blocks a split), but
-    never more splits than the longest context has KV blocks, nor MAX_SPLITS."""
+    """Splits of each sequence's context: one for every TILES_PER_SPLIT KV blocks of the longest
+    context, at most AUTO_SPLITS. The batch does not enter: at batch 64 the same count won."""
     tiles = -(-max_context // block_size)
-    fill = -(-TARGET_BLOCKS // (batch * num_kv_heads))
-    long = -(-tiles // TILES_PER_SPLIT)
-    return int(max(1, min(max(fill, long), tiles, MAX_SPLITS)))
+    return int(max(1, min(-(-tiles // TILES_PER_SPLIT), AUTO_SPLITS)))
 
 
 def decode_attention(

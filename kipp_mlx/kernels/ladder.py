@@ -53,7 +53,7 @@ def choose(
     why_none: str = "",
 ) -> Callable:
     """`fast` when it compiles, runs and agrees with `ref` on `probe()`'s inputs, else `ref`.
-    Either may return one array or a tuple of arrays."""
+    Either may return one array or a tuple of arrays; `probe` makes the same inputs each call."""
     if kernel_disabled(BACKEND, name):
         log.info(
             "mlx kernel %s is switched off (KIPP_MLX_DISABLE_KERNELS); using its reference", name
@@ -63,8 +63,8 @@ def choose(
         report_fallback(BACKEND, name, why_none or "no kernel for this device")
         return ref
     try:
-        args = probe()
-        got, want = fast(*args), ref(*args)
+        # a probe a call: a kernel that writes one of its inputs in place must not feed the other
+        got, want = fast(*probe()), ref(*probe())
         mx.eval(got, want)
         got, want = _as_f32(got), _as_f32(want)
     except Exception as e:  # a compile or launch error: any exception means "not usable here"
@@ -129,6 +129,9 @@ def model_kernels(cfg, block_size: int, dtype):
     return Kernels(
         qk_norm_rope=_pick(
             "qk_norm_rope", qr, dtype, lambda: qr.probe_inputs(hq, hkv, d, dtype), why
+        ),
+        qk_norm_rope_write=_pick(
+            "qk_norm_rope_write", qr, dtype, lambda: qr.write_probe_inputs(hq, hkv, d, dtype), why
         ),
         add_rms_norm=_pick(
             "add_rms_norm", an, dtype, lambda: an.probe_inputs(cfg.hidden_size, dtype)

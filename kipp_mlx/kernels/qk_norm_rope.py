@@ -21,6 +21,9 @@ HEADS_PER_BLOCK = 4
 # qkv [T, (HQ + 2 HKV) * D]; q_weight, k_weight [D]; positions [T] int32;
 # cos_sin [P, D] float32 (cos of the D / 2 frequencies, then their sin); eps [1] float32
 # q_out [T, HQ, D]; kv_out [T, 2, HKV, D] (normed + roped K, then V)
+# The writing variant also takes pool [slots, 2, HKV, D] and slots [T] int32 and stores each K / V
+# head row into pool[slots[t]] as well: in place, through the input's pointer (KV_POOL_ROW sets
+# `pw`, that row of the pool, for K and V heads). STORE(i, v) writes element i of the head.
 _CUDA = """
     constexpr int PER = D / 32;
     constexpr int NH = HQ + 2 * HKV;
@@ -29,9 +32,10 @@ _CUDA = """
     const int t = blockIdx.y;
     if (head >= NH) return;
     const T* src = qkv + ((size_t)t * NH + head) * D;
+    KV_POOL_ROW
     if (head >= HQ + HKV) {
         T* dst = kv_out + (((size_t)t * 2 + 1) * HKV + (head - HQ - HKV)) * D;
-        for (int i = 0; i < PER; i++) dst[lane + 32 * i] = src[lane + 32 * i];
+        for (int i = 0; i < PER; i++) STORE(lane + 32 * i, src[lane + 32 * i]);
         return;
     }
     float x[PER];
@@ -55,14 +59,14 @@ _CUDA = """
         const int j = lane % 16;
         const float c = cs[j], s = cs[D / 2 + j];
         const float y = lane < 16 ? x[0] * c - other * s : x[0] * c + other * s;
-        dst[lane] = static_cast<T>(y);
+        STORE(lane, static_cast<T>(y));
     } else {
         for (int i = 0; i < PER / 2; i++) {
             const int j = lane + 32 * i;
             const float c = cs[j], s = cs[D / 2 + j];
             const float a = x[i], b = x[i + PER / 2];
-            dst[j] = static_cast<T>(a * c - b * s);
-            dst[j + D / 2] = static_cast<T>(b * c + a * s);
+            STORE(j, static_cast<T>(a * c - b * s));
+            STORE(j + D / 2, static_cast<T>(b * c + a * s));
         }
     }
 """
@@ -76,9 +80,10 @@ _METAL = """
     const int t = threadgroup_position_in_grid.y;
     if (head >= NH) return;
     const device T* src = qkv + ((size_t)t * NH + head) * D;
+    KV_POOL_ROW
     if (head >= HQ + HKV) {
         device T* dst = kv_out + (((size_t)t * 2 + 1) * HKV + (head - HQ - HKV)) * D;
-        for (int i = 0; i < PER; i++) dst[lane + 32 * i] = src[lane + 32 * i];
+        for (int i = 0; i < PER; i++) STORE(lane + 32 * i, src[lane + 32 * i]);
         return;
     }
     float x[PER];
@@ -102,20 +107,46 @@ _METAL = """
         const int j = lane % 16;
         const float c = cs[j], s = cs[D / 2 + j];
         const float y = lane < 16 ? x[0] * c - other * s : x[0] * c + other * s;
-        dst[lane] = static_cast<T>(y);
+        STORE(lane, static_cast<T>(y));
     } else {
         for (int i = 0; i < PER / 2; i++) {
             const int j = lane + 32 * i;
             const float c = cs[j], s = cs[D / 2 + j];
             const float a = x[i], b = x[i + PER / 2];
-            dst[j] = static_cast<T>(a * c - b * s);
-            dst[j + D / 2] = static_cast<T>(b * c + a * s);
+            STORE(j, static_cast<T>(a * c - b * s));
+            STORE(j + D / 2, static_cast<T>(b * c + a * s));
         }
     }
 """
 
 _INPUTS = ["qkv", "q_weight", "k_weight", "positions", "cos_sin", "eps"]
-_built: dict[str, object] = {}
+_WRITE_INPUTS = [*_INPUTS, "pool", "slots"]
+_built: dict[tuple[str, bool], object] = {}
+_STORE = "#define STORE(i, v) dst[i] = (v)\n"
+_STORE_POOL = (
+    "#define STORE(i, v) do { const T v_ = (v); dst[i] = v_; if (pw) pw[i] = v_; } while (0)\n"
+)
+_POOL_ROW = {  # pw: the pool row of a K head (k = 0) or V head (k = 1) of token t, else null
+    "cuda": """T* pw = nullptr;
+    if (head >= HQ) {
+        const int k = (head - HQ) / HKV, h = (head - HQ) % HKV;
+        pw = const_cast<T*>(pool) + (((size_t)slots[t] * 2 + k) * HKV + h) * D;
+    }""",
+    "metal": """device T* pw = nullptr;
+    if (head >= HQ) {
+        const int k = (head - HQ) / HKV, h = (head - HQ) % HKV;
+        pw = (device T*)pool + (((size_t)slots[t] * 2 + k) * HKV + h) * D;
+    }""",
+}
+
+
+def source(kind: str, write: bool) -> str:
+    """The kernel body for `kind` ("cuda" or "metal"), with the pool stores when `write`."""
+    src = _METAL if kind == "metal" else _CUDA
+    row = _POOL_ROW[kind] if write else ""
+    return (_STORE_POOL if write else _STORE) + src.replace("KV_POOL_ROW", row) + "#undef STORE\n"
+
+
 _eps: dict[float, mx.array] = {}  # one device scalar an eps, not one upload a call
 
 
@@ -130,12 +161,13 @@ def rope_table(
     return mx.array(np.concatenate([cos[:, :half], sin[:, :half]], axis=-1))
 
 
-def _kernel(kind: str):
-    if kind not in _built:
+def _kernel(kind: str, write: bool = False):
+    if (kind, write) not in _built:
         make = mx.fast.metal_kernel if kind == "metal" else mx.fast.cuda_kernel
-        src = _METAL if kind == "metal" else _CUDA
-        _built[kind] = make("kipp_qk_norm_rope", _INPUTS, ["q_out", "kv_out"], src)
-    return _built[kind]
+        name = "kipp_qk_norm_rope_write" if write else "kipp_qk_norm_rope"
+        inputs = _WRITE_INPUTS if write else _INPUTS
+        _built[kind, write] = make(name, inputs, ["q_out", "kv_out"], source(kind, write))
+    return _built[kind, write]
 
 
 def _check(qkv, q_weight, num_heads, num_kv_heads, head_dim, multiple: int = 2):
@@ -165,15 +197,69 @@ def qk_norm_rope(
     kind: str = "cuda",
 ) -> tuple[mx.array, mx.array]:
     """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] and kv [T, 2, Hkv, D] (K normed and roped)."""
-    _check(qkv, q_weight, num_heads, num_kv_heads, head_dim, 32)
+    return _launch(
+        kind, qkv, q_weight, k_weight, positions, cos_sin, eps, num_heads, num_kv_heads, head_dim
+    )
+
+
+def qk_norm_rope_write(
+    qkv: mx.array,
+    q_weight: mx.array,
+    k_weight: mx.array,
+    positions: mx.array,
+    cos_sin: mx.array,
+    eps: float,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    pool: mx.array,
+    slots: mx.array,
+    kind: str = "cuda",
+) -> tuple[mx.array, mx.array, mx.array]:
+    """qk_norm_rope, with K and V also stored into pool[slots] (pool [S, 2, Hkv, D] in qkv's
+    dtype, slots [T] int32) in place: returns (q, kv, pool), the pool the same array.
+
+    In place because MLX's scatter copies a pool that is not donatable, and a pool never is when
+    the step before it is still running: that step's kernels hold it until they finish (MLX's
+    CUDA encoder keeps every input alive so). With the host a step ahead of the GPU, every step
+    copied every layer's whole pool (its KV budget), whatever the context. MLX sees no write, so
+    the kernels that read this step's new slots must depend on its outputs: the paged decode
+    kernel does, through q; a prefill reads its own new rows from `kv`, not from the pool."""
+    if pool.shape[1:] != (2, num_kv_heads, head_dim) or pool.dtype != qkv.dtype:
+        raise ValueError(
+            f"qk_norm_rope_write: pool {pool.shape} {pool.dtype} needs [slots, 2, "
+            f"{num_kv_heads}, {head_dim}] in {qkv.dtype}"
+        )
+    if slots.shape != (qkv.shape[0],) or slots.dtype != mx.int32:
+        raise ValueError(f"qk_norm_rope_write: slots {slots.shape} need int32 [{qkv.shape[0]}]")
+    q, kv = _launch(
+        kind,
+        qkv,
+        q_weight,
+        k_weight,
+        positions,
+        cos_sin,
+        eps,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        pool,
+        slots,
+    )
+    return q, kv, pool
+
+
+def _launch(kind, qkv, q_weight, k_weight, positions, cos_sin, eps, hq, hkv, d, *pool_slots):
+    _check(qkv, q_weight, hq, hkv, d, 32)
     if q_weight.dtype != qkv.dtype or k_weight.dtype != qkv.dtype or positions.dtype != mx.int32:
         raise ValueError("qk_norm_rope: the norm weights need qkv's dtype and positions int32")
     if eps not in _eps:
         _eps[eps] = mx.array([eps], dtype=mx.float32)
+    num_heads, num_kv_heads, head_dim = hq, hkv, d
     T = qkv.shape[0]
     nh = num_heads + 2 * num_kv_heads
-    q, kv = _kernel(kind)(
-        inputs=[qkv, q_weight, k_weight, positions, cos_sin, _eps[eps]],
+    q, kv = _kernel(kind, bool(pool_slots))(
+        inputs=[qkv, q_weight, k_weight, positions, cos_sin, _eps[eps], *pool_slots],
         template=[("T", qkv.dtype), ("D", head_dim), ("HQ", num_heads), ("HKV", num_kv_heads)],
         grid=(-(-nh // HEADS_PER_BLOCK) * 32 * HEADS_PER_BLOCK, T, 1),
         threadgroup=(32 * HEADS_PER_BLOCK, 1, 1),
@@ -210,6 +296,40 @@ def qk_norm_rope_ref(
     q = _rope(_norm(q, q_weight, eps), cos_sin, positions)
     k = _rope(_norm(k, k_weight, eps), cos_sin, positions)
     return q, mx.stack([k, v], axis=1)
+
+
+def qk_norm_rope_write_ref(
+    qkv,
+    q_weight,
+    k_weight,
+    positions,
+    cos_sin,
+    eps,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    pool,
+    slots,
+    **_,
+):
+    """qk_norm_rope_ref, then MLX's scatter into the pool (a new array)."""
+    q, kv = qk_norm_rope_ref(
+        qkv, q_weight, k_weight, positions, cos_sin, eps, num_heads, num_kv_heads, head_dim
+    )
+    pool[slots] = kv
+    return q, kv, pool
+
+
+def write_probe_inputs(num_heads, num_kv_heads, head_dim, dtype, seed: int = 0):
+    """probe_inputs, and a 40-slot pool (fresh each call: the kernel writes it) and 5 slots."""
+    rng = np.random.default_rng(seed + 1)
+    pool = rng.standard_normal((40, 2, num_kv_heads, head_dim)).astype(np.float32)
+    slots = np.array([3, 39, 0, 17, 22], dtype=np.int32)
+    return (
+        *probe_inputs(num_heads, num_kv_heads, head_dim, dtype, seed),
+        mx.array(pool).astype(dtype),
+        mx.array(slots),
+    )
 
 
 def probe_inputs(num_heads, num_kv_heads, head_dim, dtype, seed: int = 0):

@@ -2,7 +2,8 @@
 
 `_CUDA` (with a Metal twin `_METAL`), `swiglu` (checks and launches) and `swiglu_ref` (MLX ops,
 as transformers: silu in the model dtype, then the product rounded once more). A thread takes 8
-outputs of one row; the float32 math rounds where transformers' bf16 ops round.
+consecutive outputs (one row's when I is a multiple of 8; else it steps into the next row), finding
+its row with one division; the float32 math rounds where transformers' bf16 ops round.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ _CUDA = """
     const int I = gate_up_shape[1] / 2;
     const size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     const size_t total = (size_t)gate_up_shape[0] * I;
-    for (int k = 0; k < 8; k++) {
-        const size_t e = e0 + k;
-        if (e >= total) return;
-        const size_t t = e / I, i = e % I;
+    if (e0 >= total) return;
+    // one division a thread: with I a multiple of 8 its 8 outputs are one row's, contiguous
+    size_t t = e0 / I, i = e0 % I;
+    for (int k = 0; k < 8 && e0 + k < total; k++, i++) {
+        if (i == I) { t++; i = 0; }
         const float g = static_cast<float>(gate_up[t * 2 * I + i]);
         const float u = static_cast<float>(gate_up[t * 2 * I + I + i]);
         const float silu = static_cast<float>(static_cast<T>(g / (1.0f + expf(-g))));
-        out[e] = static_cast<T>(silu * u);
+        out[e0 + k] = static_cast<T>(silu * u);
     }
 """
 
@@ -33,14 +35,14 @@ _METAL = """
     const int I = gate_up_shape[1] / 2;
     const size_t e0 = (size_t)thread_position_in_grid.x * 8;
     const size_t total = (size_t)gate_up_shape[0] * I;
-    for (int k = 0; k < 8; k++) {
-        const size_t e = e0 + k;
-        if (e >= total) return;
-        const size_t t = e / I, i = e % I;
+    if (e0 >= total) return;
+    size_t t = e0 / I, i = e0 % I;
+    for (int k = 0; k < 8 && e0 + k < total; k++, i++) {
+        if (i == I) { t++; i = 0; }
         const float g = float(gate_up[t * 2 * I + i]);
         const float u = float(gate_up[t * 2 * I + I + i]);
         const float silu = float(static_cast<T>(g / (1.0f + metal::precise::exp(-g))));
-        out[e] = static_cast<T>(silu * u);
+        out[e0 + k] = static_cast<T>(silu * u);
     }
 """
 

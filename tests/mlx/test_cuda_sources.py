@@ -5,6 +5,8 @@ check can fail."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kipp_mlx.kernels import add_rms_norm as an
@@ -54,9 +56,10 @@ def cases():
                         ("OT", ot),
                     ],
                 )
-        for d in (32, 128) if wide else (128,):
+        for d, write in itertools.product((32, 128) if wide else (128,), (False, True)):
+            extra = [("pool", t), ("slots", "int32")] if write else []
             yield (
-                f"qk_norm_rope-{t}-{d}",
+                f"qk_norm_rope-{t}-{d}-{'write' if write else 'plain'}",
                 [
                     ("qkv", t),
                     ("q_weight", t),
@@ -64,9 +67,10 @@ def cases():
                     ("positions", "int32"),
                     ("cos_sin", "float32"),
                     ("eps", "float32"),
+                    *extra,
                 ],
                 [("q_out", t), ("kv_out", t)],
-                qr._CUDA,
+                qr.source("cuda", write),
                 "",
                 [("T", t), ("D", d), ("HQ", 16), ("HKV", 8)],
             )

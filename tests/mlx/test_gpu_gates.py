@@ -6,6 +6,8 @@ KIPP_MLX_REQUIRE_KERNELS, bf16 and the real head shape. Skipped where MLX runs o
 
 from __future__ import annotations
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from kipp_core.checkpoint import Checkpoint
@@ -112,3 +114,19 @@ def test_quantized_at_load_matches_oracle(path, scheme):
     p = [t % CFG.vocab_size for t in ids(200, 11)]
     got = llm(path, quant=scheme).logits(p)
     assert rel_err(got, forward(oracle_quantized_at_load(path, scheme), p)) <= 1e-5
+
+
+def test_steps_write_the_pool_in_place(path):
+    """Prefill and decode steps leave each layer's pool array where it was, their new slots
+    written: handles taken before a generation read its K/V after it (MLX's scatter into a pool
+    the previous step still holds would have copied it, leaving the handles behind)."""
+    m = llm(path, dtype="bfloat16", enable_prefix_caching=False, kv_cache_memory="64MiB")
+    kv = m.engine.backend.kv
+    kv.reserve(kv.num_blocks - 1)  # no growth: the arrays stay the cache's own
+    m.generate(_prompts(1, 13, 40, 41), GREEDY)
+    before = list(kv.kv)
+    m.generate(_prompts(2, 14, 40, 60), GREEDY)
+    for g, w in zip(before, kv.kv):
+        np.testing.assert_array_equal(
+            np.array(g.astype(mx.float32)), np.array(w.astype(mx.float32))
+        )

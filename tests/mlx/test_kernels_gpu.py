@@ -64,6 +64,24 @@ def test_qk_norm_rope_matches_ref(dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 32), (40, 8, 128)])
+def test_qk_norm_rope_write_matches_ref_and_writes_in_place(dtype, heads, kv_heads, head_dim):
+    """q, kv and the pool equal the reference's (qk_norm_rope + MLX's scatter), and the pool
+    array passed in holds the new rows afterwards: written in place, not copied."""
+    args = qr.write_probe_inputs(heads, kv_heads, head_dim, dtype, seed=3)
+    pool, slots = args[-2], args[-1]
+    before = np.array(pool.astype(mx.float32))
+    got = qr.qk_norm_rope_write(*args, kind=kind())
+    want = qr.qk_norm_rope_write_ref(*qr.write_probe_inputs(heads, kv_heads, head_dim, dtype, 3))
+    close(got, want, dtype)
+    assert got[2] is pool
+    after = np.array(pool.astype(mx.float32))
+    idx = np.array(slots)
+    np.testing.assert_array_equal(np.delete(after, idx, 0), np.delete(before, idx, 0))
+    close(mx.array(after[idx]), got[1], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [64, 1024, 5120])
 def test_add_rms_norm_matches_ref(dtype, hidden):
     args = an.probe_inputs(hidden, dtype, seed=hidden)
@@ -74,6 +92,14 @@ def test_add_rms_norm_matches_ref(dtype, hidden):
 def test_swiglu_matches_ref(dtype):
     args = sw.probe_inputs(dtype, seed=1)
     close(sw.swiglu(*args, kind=kind()), sw.swiglu_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("rows,inter", [(5, 13), (1, 3), (7, 1030)])
+def test_swiglu_rows_not_a_multiple_of_eight(rows, inter):
+    """A thread's 8 outputs cross into the next row when I is not a multiple of 8."""
+    x = np.random.default_rng(inter).standard_normal((rows, 2 * inter)).astype(np.float32)
+    gate_up = mx.array(x).astype(mx.bfloat16)
+    close(sw.swiglu(gate_up, kind=kind()), sw.swiglu_ref(gate_up), mx.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,6 +124,7 @@ def test_every_kernel_passes_its_probe_at_registry_shapes(name, monkeypatch):
     k = ladder.model_kernels(cfg, 32, mx.bfloat16)
     assert k.decode_attention is not None
     assert k.qk_norm_rope is not qr.qk_norm_rope_ref and k.add_rms_norm is not an.add_rms_norm_ref
+    assert k.qk_norm_rope_write is not qr.qk_norm_rope_write_ref
     for bits in (4, 8):
         ladder.choose(
             "affine_gemv",
