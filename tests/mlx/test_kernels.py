@@ -221,7 +221,8 @@ def test_disabled_kernels_use_references_without_a_fallback(monkeypatch):
 
 
 @pytest.mark.skipif(ladder.gpu_kind() is not None, reason="checks the CPU-only fallback")
-def test_cpu_model_says_once_which_kernels_fall_back(tiny_path, caplog):
+def test_cpu_model_says_once_which_kernels_fall_back(tiny_path, caplog, monkeypatch):
+    monkeypatch.setenv("KIPP_MLX_INPLACE_KV", "1")
     with caplog.at_level(logging.WARNING, logger="kipp"):
         make_backend(tiny_path)
         make_backend(tiny_path)

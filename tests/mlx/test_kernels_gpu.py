@@ -119,6 +119,7 @@ def test_affine_gemv_matches_ref(dtype, bits, rows, config):
 def test_every_kernel_passes_its_probe_at_registry_shapes(name, monkeypatch):
     """With kernels required, choosing them at a registry shape in bf16 raises on any fallback."""
     monkeypatch.setenv("KIPP_MLX_REQUIRE_KERNELS", "1")
+    monkeypatch.setenv("KIPP_MLX_INPLACE_KV", "1")
     fastpath.clear_fallbacks()
     cfg = next(e.config for e in REGISTRY.values() if e.name == name)
     k = ladder.model_kernels(cfg, 32, mx.bfloat16)
