@@ -202,22 +202,10 @@ def qk_norm_rope(
     )
 
 
-def qk_norm_rope_write(
-    qkv: mx.array,
-    q_weight: mx.array,
-    k_weight: mx.array,
-    positions: mx.array,
-    cos_sin: mx.array,
-    eps: float,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    pool: mx.array,
-    slots: mx.array,
-    kind: str = "cuda",
-) -> tuple[mx.array, mx.array, mx.array]:
-    """qk_norm_rope, with K and V also stored into pool[slots] (pool [S, 2, Hkv, D] in qkv's
-    dtype, slots [T] int32) in place: returns (q, kv, pool), the pool the same array.
+def qk_norm_rope_write(*args, kind: str = "cuda") -> tuple[mx.array, mx.array, mx.array]:
+    """qk_norm_rope(qkv, ..., head_dim), with K and V also stored into pool[slots] (the last two
+    arguments: pool [S, 2, Hkv, D] in qkv's dtype, slots [T] int32) in place: returns (q, kv,
+    pool), the pool the same array.
 
     In place because MLX's scatter copies a pool that is not donatable, and a pool never is when
     the step before it is still running: that step's kernels hold it until they finish (MLX's
@@ -225,6 +213,7 @@ def qk_norm_rope_write(
     copied every layer's whole pool (its KV budget), whatever the context. MLX sees no write, so
     the kernels that read this step's new slots must depend on its outputs: the paged decode
     kernel does, through q; a prefill reads its own new rows from `kv`, not from the pool."""
+    qkv, *_, num_kv_heads, head_dim, pool, slots = args  # qk_norm_rope's arguments, pool, slots
     if pool.shape[1:] != (2, num_kv_heads, head_dim) or pool.dtype != qkv.dtype:
         raise ValueError(
             f"qk_norm_rope_write: pool {pool.shape} {pool.dtype} needs [slots, 2, "
@@ -232,20 +221,7 @@ def qk_norm_rope_write(
         )
     if slots.shape != (qkv.shape[0],) or slots.dtype != mx.int32:
         raise ValueError(f"qk_norm_rope_write: slots {slots.shape} need int32 [{qkv.shape[0]}]")
-    q, kv = _launch(
-        kind,
-        qkv,
-        q_weight,
-        k_weight,
-        positions,
-        cos_sin,
-        eps,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        pool,
-        slots,
-    )
+    q, kv = _launch(kind, *args)
     return q, kv, pool
 
 
@@ -298,24 +274,10 @@ def qk_norm_rope_ref(
     return q, mx.stack([k, v], axis=1)
 
 
-def qk_norm_rope_write_ref(
-    qkv,
-    q_weight,
-    k_weight,
-    positions,
-    cos_sin,
-    eps,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    pool,
-    slots,
-    **_,
-):
+def qk_norm_rope_write_ref(*args, **_):
     """qk_norm_rope_ref, then MLX's scatter into the pool (a new array)."""
-    q, kv = qk_norm_rope_ref(
-        qkv, q_weight, k_weight, positions, cos_sin, eps, num_heads, num_kv_heads, head_dim
-    )
+    *qk, pool, slots = args
+    q, kv = qk_norm_rope_ref(*qk)
     pool[slots] = kv
     return q, kv, pool
 
