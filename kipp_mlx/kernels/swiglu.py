@@ -2,8 +2,8 @@
 
 `_CUDA` (with a Metal twin `_METAL`), `swiglu` (checks and launches) and `swiglu_ref` (MLX ops,
 as transformers: silu in the model dtype, then the product rounded once more). A thread takes 8
-consecutive outputs (one row's when I is a multiple of 8; else it steps into the next row), finding
-its row with one division; the float32 math rounds where transformers' bf16 ops round.
+consecutive outputs (one row's when the intermediate size is a multiple of 8; else it steps into
+the next row), finding its row with one division; the float32 math rounds where transformers' bf16 ops round.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _CUDA = """
     const size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     const size_t total = (size_t)gate_up_shape[0] * I;
     if (e0 >= total) return;
-    // one division a thread: with I a multiple of 8 its 8 outputs are one row's, contiguous
+    // one division a thread: with the width a multiple of 8, its 8 outputs are one row's
     size_t t = e0 / I, i = e0 % I;
     for (int k = 0; k < 8 && e0 + k < total; k++, i++) {
         if (i == I) { t++; i = 0; }

@@ -96,7 +96,7 @@ def test_swiglu_matches_ref(dtype):
 
 @pytest.mark.parametrize("rows,inter", [(5, 13), (1, 3), (7, 1030)])
 def test_swiglu_rows_not_a_multiple_of_eight(rows, inter):
-    """A thread's 8 outputs cross into the next row when I is not a multiple of 8."""
+    """A thread's 8 outputs cross into the next row when the width is not a multiple of 8."""
     x = np.random.default_rng(inter).standard_normal((rows, 2 * inter)).astype(np.float32)
     gate_up = mx.array(x).astype(mx.bfloat16)
     close(sw.swiglu(gate_up, kind=kind()), sw.swiglu_ref(gate_up), mx.bfloat16)
