@@ -3,7 +3,8 @@
 `_CUDA` (with a Metal twin `_METAL`), `swiglu` (checks and launches) and `swiglu_ref` (MLX ops,
 as transformers: silu in the model dtype, then the product rounded once more). A thread takes 8
 consecutive outputs (one row's when the intermediate size is a multiple of 8; else it steps into
-the next row), finding its row with one division; the float32 math rounds where transformers' bf16 ops round.
+the next row), finding its row with one division; the float32 math rounds where transformers'
+bf16 ops round.
 """
 
 from __future__ import annotations
