@@ -22,7 +22,7 @@ import mlx.nn as nn
 from kipp_core.config import ModelConfig
 from kipp_mlx.attention import AttentionMetadata, attend
 from kipp_mlx.kernels.add_rms_norm import add_rms_norm_ref
-from kipp_mlx.kernels.qk_norm_rope import qk_norm_rope_ref, qk_norm_rope_write_ref, rope_table
+from kipp_mlx.kernels.qk_norm_rope import qk_norm_rope_ref, rope_table
 from kipp_mlx.kernels.swiglu import swiglu_ref
 from kipp_mlx.kv_cache import PagedKVCache
 
@@ -30,10 +30,11 @@ from kipp_mlx.kv_cache import PagedKVCache
 @dataclass
 class Kernels:
     """The functions a step calls: a custom kernel where the ladder accepted it, else its
-    reference. `decode_attention` None: the batched gather reference."""
+    reference. `decode_attention` None: the batched gather reference; `qk_norm_rope_write`
+    None: qk_norm_rope, then the cache's scatter."""
 
     qk_norm_rope: object = qk_norm_rope_ref
-    qk_norm_rope_write: object = qk_norm_rope_write_ref  # and K / V into a dense pool
+    qk_norm_rope_write: object | None = None  # and K / V into a dense pool, in place
     add_rms_norm: object = add_rms_norm_ref
     decode_attention: object | None = None
     swiglu: object = swiglu_ref
@@ -71,13 +72,12 @@ class Attention(nn.Module):
         # post-norm, post-RoPE K into the cache: written by the kernel itself into a dense pool
         # where every reader of the new slots depends on q (the paged decode kernel; prefill
         # rows read their own K/V from kv_new), else by the cache's scatter
-        if kv.kv_quant or (meta.num_decode and meta.decode_attention is None):
+        write = step.kernels.qk_norm_rope_write
+        if write is None or kv.kv_quant or (meta.num_decode and meta.decode_attention is None):
             q, kv_new = step.kernels.qk_norm_rope(*args)
             kv.write(layer, kv_new, meta.slot_mapping)
         else:
-            q, kv_new, pool = step.kernels.qk_norm_rope_write(
-                *args, kv.pool(layer), meta.slot_mapping
-            )
+            q, kv_new, pool = write(*args, kv.pool(layer), meta.slot_mapping)
             kv.set_pool(layer, pool)
         o = attend(q, kv_new, kv, layer, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, -1))

@@ -225,13 +225,24 @@ def qk_norm_rope_write(*args, kind: str = "cuda") -> tuple[mx.array, mx.array, m
     return q, kv, pool
 
 
-def _launch(kind, qkv, q_weight, k_weight, positions, cos_sin, eps, hq, hkv, d, *pool_slots):
-    _check(qkv, q_weight, hq, hkv, d, 32)
+def _launch(
+    kind,
+    qkv,
+    q_weight,
+    k_weight,
+    positions,
+    cos_sin,
+    eps,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    *pool_slots,
+):
+    _check(qkv, q_weight, num_heads, num_kv_heads, head_dim, 32)
     if q_weight.dtype != qkv.dtype or k_weight.dtype != qkv.dtype or positions.dtype != mx.int32:
         raise ValueError("qk_norm_rope: the norm weights need qkv's dtype and positions int32")
     if eps not in _eps:
         _eps[eps] = mx.array([eps], dtype=mx.float32)
-    num_heads, num_kv_heads, head_dim = hq, hkv, d
     T = qkv.shape[0]
     nh = num_heads + 2 * num_kv_heads
     q, kv = _kernel(kind, bool(pool_slots))(
