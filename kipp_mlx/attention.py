@@ -166,8 +166,8 @@ def attend(
 
 def _context(kv_new, kv: PagedKVCache, layer: int, slots: mx.array, sp: SeqSpan):
     """K, V [ctx, Hkv, D] of a prefill span: its cached prefix read from the pool, its own new
-    rows from kv_new (a dense pool may be written in place, unseen by MLX's ordering; a q8_0
-    cache reads everything back, its new rows rounded as stored)."""
+    rows from kv_new, not gathered back (a q8_0 cache reads everything back, its new rows
+    rounded as stored)."""
     if kv.kv_quant:
         return kv.read(layer, slots)
     new = kv_new[sp.q_start : sp.q_start + sp.q_len]

@@ -12,8 +12,8 @@ Shapes are bucketed so that traces are reused: the batch is padded to `batch_buc
 block tables to a power-of-two width (`width_bucket`). A padding row repeats row 0 (its token, its
 position, its slot, its block table), so its K/V write stores what row 0's stores, computed the
 same way; its output is dropped. The KV pools are inputs and outputs of the graph. With the paged
-kernel and KIPP_MLX_INPLACE_KV=1 the q/k-norm kernel writes the new K/V into them in place (the
-outputs are the inputs); else MLX's scatter writes new pools, copying each one the previous step
+kernel and the in-place write the q/k-norm kernel writes the new K/V into them (each output is
+its input's buffer); else MLX's scatter writes new pools, copying each one the previous step
 still holds (kipp_mlx.kernels.qk_norm_rope.qk_norm_rope_write says why).
 Decode attention inside the graph is the paged kernel when the ladder chose it, else the padded
 reference with its padding mask built in the graph from the lengths.

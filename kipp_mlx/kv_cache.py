@@ -3,8 +3,8 @@
 Slot `block_id * block_size + offset` holds one token. Pools start small and grow (doubling, up to
 `num_blocks`) when a block table names a block beyond them, so memory is committed as the engine
 uses it. `write` scatters into the pool, which MLX does in place only when nothing else holds it;
-while the previous step runs, its kernels hold it, so each step copies it. With
-KIPP_MLX_INPLACE_KV=1 a dense pool on a GPU is written by the q/k-norm kernel itself, in place
+while the previous step runs, its kernels hold it, so each step copies it. On a GPU the
+q/k-norm kernel writes a dense pool itself, in place, where the ladder chose it
 (kipp_mlx.kernels.qk_norm_rope.qk_norm_rope_write, `set_pool`).
 A dense layer's K and V share one pool, [slots, 2, num_kv_heads, head_dim], so a step writes a
 layer's new tokens with one scatter and the decode kernel reads a token's K and V rows from one

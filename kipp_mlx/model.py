@@ -70,8 +70,8 @@ class Attention(nn.Module):
             self.head_dim,
         )
         # post-norm, post-RoPE K into the cache: written by the kernel itself into a dense pool
-        # where every reader of the new slots depends on q (the paged decode kernel; prefill
-        # rows read their own K/V from kv_new), else by the cache's scatter
+        # (the pool it returns depends on the launch, so its readers follow it), else by the
+        # cache's scatter
         write = step.kernels.qk_norm_rope_write
         if write is None or kv.kv_quant or (meta.num_decode and meta.decode_attention is None):
             q, kv_new = step.kernels.qk_norm_rope(*args)

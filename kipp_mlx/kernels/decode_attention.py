@@ -3,13 +3,14 @@ context, the splits merged.
 
 `_CUDA` (with a Metal twin `_METAL` of the same algorithm, in decode_attention_metal.py),
 `decode_attention` (checks, picks the split count, launches) and `decode_attention_ref` (gather the
-slots, masked SDPA). A 128-thread block takes one (split, kv head, sequence) and walks its split in
-chunks of up to 128 tokens (their block-table entries read at once): scores with a thread a token,
-its K row read as 16-byte vectors once for every query head of the GQA group; the chunk's online
-softmax (float32), a warp a head; then P V, the 128 threads reading 128 / (D / 8) V rows at once
-(coalesced), every row's load issued before the sums. So K and V are read once per kv head, three
-barriers a chunk. One split writes the normalized output; several write float32 partials (o, max,
-sum) that `_CUDA_MERGE` combines.
+slots, masked SDPA). A 128-thread block takes one (split, kv head, sequence); its four warps walk
+the split's 32-token tiles on their own (warp w takes tiles w, w + 4, ...), each with its own
+online softmax, and are merged once at the end: no block barrier inside the loop. In a tile, lane
+i owns token i: it reads that token's K row as 16-byte vectors and scores it for every query head
+of the GQA group (q in shared memory), and every V row of the tile is loaded at the tile's start,
+a lane 16 bytes of a row (addresses from the owners' slots by shuffle), so a tile costs one round
+trip to memory. K and V are read once per kv head. One split writes the normalized output;
+several write float32 partials (o, max, sum) that `_CUDA_MERGE` combines.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import mlx.core as mx
 import numpy as np
 
 from kipp_mlx.kernels.decode_attention_metal import _METAL, _METAL_MERGE
+from kipp_mlx.kernels.decode_attention_mma import _CUDA_MMA, _CUDA_MMA_HEADER
 
 THREADS = 128  # 4 warps / simdgroups a block
-# A split walks ~TILES_PER_SPLIT KV blocks (its chunks run in sequence, ~3 us each on an H200; a
-# split adds fixed and merge cost). 8B heads, batch 1, 1 / 2 / 4 / 8 / 16 splits at 2,048 tokens:
-# 72 / 43 / 30 / 27 / 33 us; 32,768 best at 32; batch 64 best at 4 (fa2aa13-h200/mlx/mlx_attn)
-TILES_PER_SPLIT = 16
-AUTO_SPLITS = 32
-MAX_SPLITS = 128
+# A split takes about TOKENS_PER_SPLIT tokens (4 tiles a warp), and splits stop at about
+# TARGET_BLOCKS blocks (two an SM of an H200's 132). The mma kernel, 8B heads, batch 1, 1 / 2 /
+# 4 / 8 / 16 splits: 33 / 23 / 18 / 20 / 30 us at 2,048 tokens; at 32,768 best at 32 (62 us);
+# batch 4 at 2,048 flat over 2-16; batch 64 best at 1 (2026-12-03, H200).
+TOKENS_PER_SPLIT = 512
+TARGET_BLOCKS = 264
+MAX_SPLITS = 128  # the merge's block holds a thread a split
 
 # q: [B, HQ, D]; kv_pool: [slots, 2, HKV, D] (K then V); block_tables: [B, max_blocks] int32;
 # context_lens: [B] int32; scale: [1] float32.
@@ -44,147 +47,112 @@ __device__ __forceinline__ float kipp_warp_sum(float v) {
 
 _CUDA = """
     constexpr int G = HQ / HKV;
-    constexpr int NW = 4;
-    constexpr int TPC = 128 / BLOCK_SIZE;  // KV blocks a chunk
-    constexpr int CH = TPC * BLOCK_SIZE;  // tokens a chunk: a thread a token in the score phase
-    constexpr int NV = (CH + 31) / 32;  // scores a lane in the softmax phase
+    constexpr int NW = 4;  // warps a block
     constexpr int VEC = 16 / sizeof(T);  // elements in a 16-byte load
-    constexpr int NDV = D / VEC;  // 16-byte vectors a row
-    constexpr int RSUB = 128 / NDV;  // V rows the block reads at once in the PV phase
-    constexpr int NR = (CH + RSUB - 1) / RSUB;  // V rows a thread in a chunk
+    constexpr int NDV = D / VEC;  // 16-byte vectors a row (<= 32)
+    constexpr int RPL = 32 / NDV;  // V rows the warp reads with one load
+    constexpr int NR = 32 / RPL;  // V rows a lane in a tile
+    constexpr int GP = (G + 3) / 4 * 4;  // a token's p's, padded to float4s
     const float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
     const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int S = gridDim.x;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int rsub = tid / NDV, dv = tid % NDV;
-    const int max_blocks = block_tables_shape[1];
+    const int rsub = lane / NDV, dv = lane % NDV;
     const int ctx = context_lens[b];
-    const int ntiles = (ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
-    const int per = (ntiles + S - 1) / S;
-    const int tok0 = s * per * BLOCK_SIZE;
-    const int tok1 = min(ctx, (s + 1) * per * BLOCK_SIZE);
+    const int per = ((ctx + S - 1) / S + 31) / 32 * 32;  // a split's tokens: whole tiles
+    const int tok0 = s * per;
+    const int tok1 = min(ctx, tok0 + per);
+    const int* table = block_tables + (size_t)b * block_tables_shape[1];
 
     __shared__ __align__(16) float qs[G][D];
-    __shared__ float ps[G][CH];
-    __shared__ float corr_s[G], m_s[G], l_s[G];
-    __shared__ int blk_s[TPC];
+    __shared__ __align__(16) float ps[NW][32][GP];
     __shared__ __align__(16) float red[NW][G][D];
+    __shared__ float m_w[NW][G], l_w[NW][G];
     for (int i = tid; i < G * D; i += 128) {
         const int g = i / D, d = i % D;
         qs[g][d] = static_cast<float>(q[((size_t)b * HQ + kvh * G + g) * D + d]) * scale[0];
     }
-    if (tid < G) { m_s[tid] = NEG_INF; l_s[tid] = 0.0f; }
-    float acc[G][VEC];
+    __syncthreads();
+    float m[G], l[G], acc[G][VEC];
 #pragma unroll
-    for (int g = 0; g < G; g++)
+    for (int g = 0; g < G; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < VEC; i++) acc[g][i] = 0.0f;
+    }
 
-    for (int c0 = tok0; c0 < tok1; c0 += CH) {
-        const int n = min(CH, tok1 - c0);
-        if (tid < TPC) {
-            const int tile = c0 / BLOCK_SIZE + tid;
-            blk_s[tid] = tile < ntiles ? block_tables[(size_t)b * max_blocks + tile] : 0;
-        }
-        __syncthreads();
-        // scores: thread t takes token c0 + t, its K row read once for every head of the group
-        if (tid < CH) {
-            float dot[G];
+    for (int c = tok0 + warp * 32; c < tok1; c += NW * 32) {  // warp-uniform: no divergence
+        const int t = c + lane;
+        const bool live = t < tok1;  // lane 0's token always is
+        const int slot = live ? table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE : 0;
+        uint4 kr[NDV];
+        uint4 vr[NR];
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const T* krow = kv_pool + ((size_t)slot * 2 * HKV + kvh) * D;
+        const uint4* kp = reinterpret_cast<const uint4*>(krow);
 #pragma unroll
-            for (int g = 0; g < G; g++) dot[g] = tid < n ? 0.0f : NEG_INF;
-            if (tid < n) {
-                const size_t slot = (size_t)blk_s[tid / BLOCK_SIZE] * BLOCK_SIZE + tid % BLOCK_SIZE;
-                const uint4* kr =
-                    reinterpret_cast<const uint4*>(kv_pool + (slot * 2 * HKV + kvh) * D);
-                uint4 kv[NDV];
-#pragma unroll
-                for (int i = 0; i < NDV; i++) kv[i] = kr[i];
-#pragma unroll
-                for (int i = 0; i < NDV; i++) {
-                    const T* e = reinterpret_cast<const T*>(&kv[i]);
-#pragma unroll
-                    for (int j = 0; j < VEC; j += 4) {
-                        const float k0 = static_cast<float>(e[j]);
-                        const float k1 = static_cast<float>(e[j + 1]);
-                        const float k2 = static_cast<float>(e[j + 2]);
-                        const float k3 = static_cast<float>(e[j + 3]);
-#pragma unroll
-                        for (int g = 0; g < G; g++) {
-                            const float4 qv = *reinterpret_cast<const float4*>(&qs[g][i * VEC + j]);
-                            dot[g] += qv.x * k0 + qv.y * k1 + qv.z * k2 + qv.w * k3;
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) ps[g][tid] = dot[g];
-        }
-        __syncthreads();
-        // the chunk's online softmax: warp w for heads w, w + NW, ...
-        for (int g = warp; g < G; g += NW) {
-            float v[NV];
-            float cmax = NEG_INF;
-#pragma unroll
-            for (int i = 0; i < NV; i++) {
-                const int t = i * 32 + lane;
-                v[i] = t < CH ? ps[g][t] : NEG_INF;
-                cmax = fmaxf(cmax, v[i]);
-            }
-            cmax = kipp_warp_max(cmax);
-            const float m_old = m_s[g];
-            const float m_new = fmaxf(m_old, cmax);  // finite: the chunk holds a token
-            float psum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NV; i++) {
-                const int t = i * 32 + lane;
-                const float p = expf(v[i] - m_new);
-                if (t < CH) ps[g][t] = p;
-                psum += p;
-            }
-            psum = kipp_warp_sum(psum);
-            if (lane == 0) {
-                const float corr = expf(m_old - m_new);
-                corr_s[g] = corr;
-                l_s[g] = l_s[g] * corr + psum;
-                m_s[g] = m_new;
-            }
-        }
-        __syncthreads();
-        // P V: thread (rsub, dv) takes rows rsub, rsub + RSUB, ... and dimensions dv * VEC ...;
-        // every row's load issued before the sums (rows past the context read zeros, p is 0)
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            const float cg = corr_s[g];
-#pragma unroll
-            for (int i = 0; i < VEC; i++) acc[g][i] *= cg;
-        }
-        uint4 vv[NR];
+        for (int i = 0; i < NDV; i++) kr[i] = live ? kp[i] : zero;
+        // lane (rsub, dv) takes rows rsub, rsub + RPL, ... of the tile, 16 bytes at dv * VEC;
+        // rows past the context read zeros (their p is 0, a pool's unwritten slot may hold NaN)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            const int t = r * RSUB + rsub;
-            vv[r] = make_uint4(0, 0, 0, 0);
-            if (t < n) {
-                const size_t slot = (size_t)blk_s[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE;
-                vv[r] = *reinterpret_cast<const uint4*>(
-                    kv_pool + ((slot * 2 + 1) * HKV + kvh) * D + dv * VEC);
-            }
+            const int tr = r * RPL + rsub;
+            const int sr = __shfl_sync(0xffffffff, slot, tr);
+            vr[r] = c + tr < tok1 ? *reinterpret_cast<const uint4*>(
+                kv_pool + (((size_t)sr * 2 + 1) * HKV + kvh) * D + dv * VEC) : zero;
         }
+        float sc[G];
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const int t = r * RSUB + rsub;
-            if (t < n) {
-                const T* e = reinterpret_cast<const T*>(&vv[r]);
+        for (int g = 0; g < G; g++) sc[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NDV; i++) {
+            const T* e = reinterpret_cast<const T*>(&kr[i]);
+#pragma unroll
+            for (int j = 0; j < VEC; j += 4) {
+                const float k0 = static_cast<float>(e[j]);
+                const float k1 = static_cast<float>(e[j + 1]);
+                const float k2 = static_cast<float>(e[j + 2]);
+                const float k3 = static_cast<float>(e[j + 3]);
 #pragma unroll
                 for (int g = 0; g < G; g++) {
-                    const float p = ps[g][t];
-#pragma unroll
-                    for (int i = 0; i < VEC; i++) acc[g][i] += p * static_cast<float>(e[i]);
+                    const float4 qv = *reinterpret_cast<const float4*>(&qs[g][i * VEC + j]);
+                    sc[g] += qv.x * k0 + qv.y * k1 + qv.z * k2 + qv.w * k3;
                 }
             }
         }
-        __syncthreads();
+        // the tile's online softmax, a head at a time over the warp's 32 scores
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float x = live ? sc[g] : NEG_INF;
+            const float m_new = fmaxf(m[g], kipp_warp_max(x));  // finite
+            const float corr = expf(m[g] - m_new);  // 0 at the first tile
+            const float p = expf(x - m_new);
+            l[g] = l[g] * corr + kipp_warp_sum(p);
+            m[g] = m_new;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) acc[g][i] *= corr;
+            ps[warp][lane][g] = p;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int tr = r * RPL + rsub;
+            float p[GP];
+#pragma unroll
+            for (int g4 = 0; g4 < GP; g4 += 4) {
+                const float4 p4 = *reinterpret_cast<const float4*>(&ps[warp][tr][g4]);
+                p[g4] = p4.x, p[g4 + 1] = p4.y, p[g4 + 2] = p4.z, p[g4 + 3] = p4.w;
+            }
+            const T* e = reinterpret_cast<const T*>(&vr[r]);
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) acc[g][i] += p[g] * static_cast<float>(e[i]);
+        }
+        __syncwarp();  // ps is the next tile's
     }
-    // the row groups' sums: within a warp by shuffles, then the warps' in shared memory
+    // a warp's row groups summed by shuffles; then the warps merged by their maxima
 #pragma unroll
     for (int g = 0; g < G; g++)
 #pragma unroll
@@ -193,16 +161,35 @@ _CUDA = """
             for (int o = NDV; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffff, a, o);
             if (lane < NDV) red[warp][g][dv * VEC + i] = a;
         }
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) { m_w[warp][g] = m[g]; l_w[warp][g] = l[g]; }
+    }
     __syncthreads();
+"""
+
+# the warps' states (m_w, l_w, red: [NW][G]...) merged by their maxima into out and ml
+_CUDA_WARP_MERGE = """
     for (int i = tid; i < G * D; i += 128) {
         const int g = i / D, d = i % D;
-        float o = red[0][g][d] + red[1][g][d] + red[2][g][d] + red[3][g][d];
-        if (DIRECT) o /= l_s[g];
+        float mx_ = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; w++) mx_ = fmaxf(mx_, m_w[w][g]);
+        float o = 0.0f, den = 0.0f;
+        if (mx_ != NEG_INF) {  // an empty split (a shorter row of a ragged batch) stays 0
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const float f = expf(m_w[w][g] - mx_);  // 0 for a warp without a tile
+                o += f * red[w][g][d];
+                den += f * l_w[w][g];
+            }
+        }
+        if (DIRECT) o /= den;
         const size_t row = (size_t)b * HQ + kvh * G + g;
         out[(row * S + s) * D + d] = static_cast<OT>(o);
         if (d == 0) {
-            ml[(row * S + s) * 2] = m_s[g];
-            ml[(row * S + s) * 2 + 1] = l_s[g];
+            ml[(row * S + s) * 2] = mx_;
+            ml[(row * S + s) * 2 + 1] = den;
         }
     }
 """
@@ -243,7 +230,7 @@ _scales: dict[float, mx.array] = {}  # one device scalar a scale, not one upload
 
 
 def _kernel(kind: str, which: str):
-    """The compiled kernel object (`which`: "attention" or "merge") for `kind`."""
+    """The compiled kernel object (`which`: "attention", "mma" or "merge") for `kind`."""
     key = (kind, which)
     if key not in _built:
         make = mx.fast.metal_kernel if kind == "metal" else mx.fast.cuda_kernel
@@ -252,18 +239,22 @@ def _kernel(kind: str, which: str):
             src = _METAL_MERGE if metal else _CUDA_MERGE
             kw = {} if metal else {"header": _CUDA_HEADER}
             _built[key] = make("kipp_attn_merge", ["o_part", "ml"], ["out"], src, **kw)
+        elif which == "mma":
+            src, kw = _CUDA_MMA + _CUDA_WARP_MERGE, {"header": _CUDA_HEADER + _CUDA_MMA_HEADER}
+            _built[key] = make("kipp_decode_attention_mma", _INPUTS, ["out", "ml"], src, **kw)
         else:
-            src = _METAL if metal else _CUDA
+            src = _METAL if metal else _CUDA + _CUDA_WARP_MERGE
             kw = {} if metal else {"header": _CUDA_HEADER}
             _built[key] = make("kipp_decode_attention", _INPUTS, ["out", "ml"], src, **kw)
     return _built[key]
 
 
-def num_splits(batch: int, num_kv_heads: int, max_context: int, block_size: int) -> int:
-    """Splits of each sequence's context: one for every TILES_PER_SPLIT KV blocks of the longest
-    context, at most AUTO_SPLITS. The batch does not enter: at batch 64 the same count won."""
-    tiles = -(-max_context // block_size)
-    return int(max(1, min(-(-tiles // TILES_PER_SPLIT), AUTO_SPLITS)))
+def num_splits(batch: int, num_kv_heads: int, max_context: int, block_size: int = 0) -> int:
+    """Splits of each sequence's context: one for every TOKENS_PER_SPLIT tokens of the longest
+    context, no more than fill TARGET_BLOCKS blocks, at most MAX_SPLITS."""
+    by_len = -(-max_context // TOKENS_PER_SPLIT)
+    by_grid = -(-TARGET_BLOCKS // (batch * num_kv_heads))
+    return int(max(1, min(by_len, by_grid, MAX_SPLITS)))
 
 
 def decode_attention(
@@ -276,9 +267,12 @@ def decode_attention(
     kind: str = "cuda",
     max_context: int | None = None,
     splits: int | None = None,
+    mma: bool | None = None,
 ) -> mx.array:
     """q [B, Hq, D]; kv_pool [slots, 2, Hkv, D]; block_tables [B, max_blocks] int32; context_lens
-    [B] (each >= 1; `max_context` their max, known to the host). Returns [B, Hq, D] in q's dtype."""
+    [B] (each >= 1; `max_context` their max, known to the host). Returns [B, Hq, D] in q's dtype.
+    `mma`: the tensor-core kernel (decode_attention_mma.py); None takes it where it applies (CUDA,
+    a 16-bit cache, D a multiple of 64), False the scalar kernel."""
     B, HQ, D = q.shape
     HKV = kv_pool.shape[2]
     vec = 16 // q.dtype.size
@@ -292,15 +286,14 @@ def decode_attention(
         or block_tables.dtype != mx.int32
         or context_lens.dtype != mx.int32
         or D % vec
-        or 128 % (D // vec)
-        or D // vec > 32
+        or 32 % (D // vec)
         or HQ // HKV > 8
-        or not 1 <= block_size <= 128
+        or block_size < 1
     ):
         raise ValueError(
             f"decode_attention needs a pool [slots, 2, Hkv, D] of q's dtype, int32 tables and "
-            f"lengths, Hq a multiple of Hkv (at most 8 times), and 128 a multiple of D / (16 / "
-            f"itemsize) and D / (16 / itemsize) at most 32, KV blocks of at most 128 slots; got q "
+            f"lengths, Hq a multiple of Hkv (at most 8 times), and 32 a multiple of D / (16 / "
+            f"itemsize); got q "
             f"{q.shape} {q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}, blocks of {block_size}"
         )
     if max_context is None:
@@ -309,7 +302,10 @@ def decode_attention(
     out_dtype = q.dtype if S == 1 else mx.float32
     if scale not in _scales:
         _scales[scale] = mx.array([scale], dtype=mx.float32)
-    o_part, ml = _kernel(kind, "attention")(
+    fits = kind == "cuda" and q.dtype != mx.float32 and D % 64 == 0
+    if mma and not fits:
+        raise ValueError("decode_attention: the mma kernel needs CUDA, 16 bits and D % 64 == 0")
+    o_part, ml = _kernel(kind, "mma" if fits and mma is not False else "attention")(
         inputs=[q, kv_pool, block_tables, context_lens, _scales[scale]],
         template=[
             ("T", q.dtype),
@@ -319,6 +315,7 @@ def decode_attention(
             ("BLOCK_SIZE", block_size),
             ("DIRECT", S == 1),
             ("OT", out_dtype),
+            ("BF16", q.dtype == mx.bfloat16),
         ],
         grid=(S * THREADS, HKV, B),
         threadgroup=(THREADS, 1, 1),

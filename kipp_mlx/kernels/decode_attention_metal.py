@@ -1,18 +1,16 @@
 """The Metal twin of decode_attention's CUDA sources: the same algorithm, block for block
 (kipp_mlx/kernels/decode_attention.py describes it and launches both). Rows are read element by
-element here (the CUDA twin reads 16-byte vectors); the chunks, the thread a token of the score
-phase, the row groups of P V and the merge's order are the same."""
+element here (the CUDA twin reads 16-byte vectors); the warps' own 32-token tiles, the lane a token
+of the scores, the lanes' V rows, the warps' final merge and the split merge's order are the
+same."""
 
 _METAL = """
     constexpr int G = HQ / HKV;
     constexpr int NW = 4;
-    constexpr int TPC = 128 / BLOCK_SIZE;
-    constexpr int CH = TPC * BLOCK_SIZE;
-    constexpr int NV = (CH + 31) / 32;
     constexpr int VEC = 16 / sizeof(T);
     constexpr int NDV = D / VEC;
-    constexpr int RSUB = 128 / NDV;
-    constexpr int NR = (CH + RSUB - 1) / RSUB;
+    constexpr int RPL = 32 / NDV;
+    constexpr int NR = 32 / RPL;
     const float NEG_INF = -INFINITY;
     const int s = threadgroup_position_in_grid.x;
     const int kvh = threadgroup_position_in_grid.y;
@@ -20,93 +18,66 @@ _METAL = """
     const int S = threadgroups_per_grid.x;
     const int tid = thread_position_in_threadgroup.x;
     const int warp = tid / 32, lane = tid % 32;
-    const int rsub = tid / NDV, dv = tid % NDV;
-    const int max_blocks = block_tables_shape[1];
+    const int rsub = lane / NDV, dv = lane % NDV;
     const int ctx = context_lens[b];
-    const int ntiles = (ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
-    const int per = (ntiles + S - 1) / S;
-    const int tok0 = s * per * BLOCK_SIZE;
-    const int tok1 = min(ctx, (s + 1) * per * BLOCK_SIZE);
+    const int per = ((ctx + S - 1) / S + 31) / 32 * 32;
+    const int tok0 = s * per;
+    const int tok1 = min(ctx, tok0 + per);
+    const device int* table = block_tables + (size_t)b * block_tables_shape[1];
 
     threadgroup float qs[G][D];
-    threadgroup float ps[G][CH];
-    threadgroup float corr_s[G];
-    threadgroup float m_s[G];
-    threadgroup float l_s[G];
-    threadgroup int blk_s[TPC];
+    threadgroup float ps[NW][32][G];
     threadgroup float red[NW][G][D];
+    threadgroup float m_w[NW][G];
+    threadgroup float l_w[NW][G];
     for (int i = tid; i < G * D; i += 128) {
         const int g = i / D, d = i % D;
         qs[g][d] = float(q[((size_t)b * HQ + kvh * G + g) * D + d]) * scale[0];
     }
-    if (tid < G) { m_s[tid] = NEG_INF; l_s[tid] = 0.0f; }
-    float acc[G][VEC];
-    for (int g = 0; g < G; g++) for (int i = 0; i < VEC; i++) acc[g][i] = 0.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float m[G], l[G], acc[G][VEC];
+    for (int g = 0; g < G; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+        for (int i = 0; i < VEC; i++) acc[g][i] = 0.0f;
+    }
 
-    for (int c0 = tok0; c0 < tok1; c0 += CH) {
-        const int n = min(CH, tok1 - c0);
-        if (tid < TPC) {
-            const int tile = c0 / BLOCK_SIZE + tid;
-            blk_s[tid] = tile < ntiles ? block_tables[(size_t)b * max_blocks + tile] : 0;
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (tid < CH) {
-            float dot[G];
-            for (int g = 0; g < G; g++) dot[g] = tid < n ? 0.0f : NEG_INF;
-            if (tid < n) {
-                const size_t slot = (size_t)blk_s[tid / BLOCK_SIZE] * BLOCK_SIZE + tid % BLOCK_SIZE;
-                const device T* kr = kv_pool + (slot * 2 * HKV + kvh) * D;
-                for (int d = 0; d < D; d++) {
-                    const float k = float(kr[d]);
-                    for (int g = 0; g < G; g++) dot[g] += qs[g][d] * k;
-                }
-            }
-            for (int g = 0; g < G; g++) ps[g][tid] = dot[g];
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        for (int g = warp; g < G; g += NW) {
-            float v[NV];
-            float cmax = NEG_INF;
-            for (int i = 0; i < NV; i++) {
-                const int t = i * 32 + lane;
-                v[i] = t < CH ? ps[g][t] : NEG_INF;
-                cmax = max(cmax, v[i]);
-            }
-            cmax = simd_max(cmax);
-            const float m_old = m_s[g];
-            const float m_new = max(m_old, cmax);
-            float psum = 0.0f;
-            for (int i = 0; i < NV; i++) {
-                const int t = i * 32 + lane;
-                const float p = metal::exp(v[i] - m_new);
-                if (t < CH) ps[g][t] = p;
-                psum += p;
-            }
-            psum = simd_sum(psum);
-            if (lane == 0) {
-                const float corr = metal::exp(m_old - m_new);
-                corr_s[g] = corr;
-                l_s[g] = l_s[g] * corr + psum;
-                m_s[g] = m_new;
+    for (int c = tok0 + warp * 32; c < tok1; c += NW * 32) {
+        const int t = c + lane;
+        const bool live = t < tok1;
+        const int slot = live ? table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE : 0;
+        float sc[G];
+        for (int g = 0; g < G; g++) sc[g] = 0.0f;
+        if (live) {
+            const device T* kr = kv_pool + ((size_t)slot * 2 * HKV + kvh) * D;
+            for (int d = 0; d < D; d++) {
+                const float k = float(kr[d]);
+                for (int g = 0; g < G; g++) sc[g] += qs[g][d] * k;
             }
         }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int g = 0; g < G; g++) {
-            const float cg = corr_s[g];
-            for (int i = 0; i < VEC; i++) acc[g][i] *= cg;
+            const float x = live ? sc[g] : NEG_INF;
+            const float m_new = max(m[g], simd_max(x));
+            const float corr = metal::exp(m[g] - m_new);
+            const float p = metal::exp(x - m_new);
+            l[g] = l[g] * corr + simd_sum(p);
+            m[g] = m_new;
+            for (int i = 0; i < VEC; i++) acc[g][i] *= corr;
+            ps[warp][lane][g] = p;
         }
+        simdgroup_barrier(mem_flags::mem_threadgroup);
         for (int r = 0; r < NR; r++) {
-            const int t = r * RSUB + rsub;
-            if (t < n) {
-                const size_t slot = (size_t)blk_s[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE;
-                const device T* vr = kv_pool + ((slot * 2 + 1) * HKV + kvh) * D + dv * VEC;
+            const int tr = r * RPL + rsub;
+            const int sr = simd_shuffle(slot, ushort(tr));
+            if (c + tr < tok1) {
+                const device T* vr = kv_pool + (((size_t)sr * 2 + 1) * HKV + kvh) * D + dv * VEC;
                 for (int g = 0; g < G; g++) {
-                    const float p = ps[g][t];
+                    const float p = ps[warp][tr][g];
                     for (int i = 0; i < VEC; i++) acc[g][i] += p * float(vr[i]);
                 }
             }
         }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
+        simdgroup_barrier(mem_flags::mem_threadgroup);
     }
     for (int g = 0; g < G; g++)
         for (int i = 0; i < VEC; i++) {
@@ -114,16 +85,28 @@ _METAL = """
             for (int o = NDV; o < 32; o <<= 1) a += simd_shuffle_xor(a, ushort(o));
             if (lane < NDV) red[warp][g][dv * VEC + i] = a;
         }
+    if (lane == 0) {
+        for (int g = 0; g < G; g++) { m_w[warp][g] = m[g]; l_w[warp][g] = l[g]; }
+    }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < G * D; i += 128) {
         const int g = i / D, d = i % D;
-        float o = red[0][g][d] + red[1][g][d] + red[2][g][d] + red[3][g][d];
-        if (DIRECT) o /= l_s[g];
+        float mx_ = NEG_INF;
+        for (int w = 0; w < NW; w++) mx_ = max(mx_, m_w[w][g]);
+        float o = 0.0f, den = 0.0f;
+        if (mx_ != NEG_INF) {
+            for (int w = 0; w < NW; w++) {
+                const float f = metal::exp(m_w[w][g] - mx_);
+                o += f * red[w][g][d];
+                den += f * l_w[w][g];
+            }
+        }
+        if (DIRECT) o /= den;
         const size_t row = (size_t)b * HQ + kvh * G + g;
         out[(row * S + s) * D + d] = static_cast<OT>(o);
         if (d == 0) {
-            ml[(row * S + s) * 2] = m_s[g];
-            ml[(row * S + s) * 2 + 1] = l_s[g];
+            ml[(row * S + s) * 2] = mx_;
+            ml[(row * S + s) * 2 + 1] = den;
         }
     }
 """

@@ -7,7 +7,6 @@ KIPP_MLX_REQUIRE_KERNELS=1). `attach` puts the chosen functions on a loaded mode
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from functools import partial
 
@@ -118,18 +117,9 @@ def decode_attention_fn(cfg, block_size: int, dtype) -> Callable | None:
     return None if fn is da.decode_attention_ref else fn
 
 
-INPLACE_ENV = "KIPP_MLX_INPLACE_KV"
-
-
 def _inplace_write(qr, hq: int, hkv: int, d: int, dtype, why: str | None) -> Callable | None:
-    """The in-place K/V write (qk_norm_rope_write) where KIPP_MLX_INPLACE_KV=1, else None (the
-    q/k-norm kernel, then the cache's scatter). Off by default: with it on, MLX's CUDA build passed
-    every kernel test and the in-place check but failed one GPU gate (float32, two 150-200-token
-    prompts prefilled together against the same in 33-token chunks: the same tokens, logprobs
-    apart by up to 0.16), a disagreement not yet explained."""
-    if os.environ.get(INPLACE_ENV, "").strip() != "1":
-        log.info("mlx in-place KV write is off (%s=1 turns it on); the cache scatters", INPLACE_ENV)
-        return None
+    """The in-place K/V write (qk_norm_rope_write), or None: qk_norm_rope, then the cache's
+    scatter (its reference is that scatter, so the model takes the two-launch path for it)."""
     probe = lambda: qr.write_probe_inputs(hq, hkv, d, dtype)  # noqa: E731
     fn = _pick("qk_norm_rope_write", qr, dtype, probe, why)
     return None if fn is qr.qk_norm_rope_write_ref else fn

@@ -205,14 +205,19 @@ def qk_norm_rope(
 def qk_norm_rope_write(*args, kind: str = "cuda") -> tuple[mx.array, mx.array, mx.array]:
     """qk_norm_rope(qkv, ..., head_dim), with K and V also stored into pool[slots] (the last two
     arguments: pool [S, 2, Hkv, D] in qkv's dtype, slots [T] int32) in place: returns (q, kv,
-    pool), the pool the same array.
+    pool), the pool an array on the same buffer that depends on the launch (mx.depends).
 
     In place because MLX's scatter copies a pool that is not donatable, and a pool never is when
     the step before it is still running: that step's kernels hold it until they finish (MLX's
     CUDA encoder keeps every input alive so). With the host a step ahead of the GPU, every step
     copied every layer's whole pool (its KV budget), whatever the context. MLX sees no write, so
-    the kernels that read this step's new slots must depend on its outputs: the paged decode
-    kernel does, through q; a prefill reads its own new rows from `kv`, not from the pool."""
+    the returned pool carries it: evaluating the cache's pools runs the launch even where
+    nothing else of the step is read (a prefill chunk that samples no token: with the input
+    array returned, such a chunk's forward never ran and its K/V were never written), and a
+    later evaluation reads the written pool. Inside one evaluation MLX's CUDA graphs order
+    kernels by the buffers they declare, and this write is not declared: a reader of the new
+    slots in the same evaluation must take q or kv as an input (the paged decode kernel takes
+    q; a prefill reads its own new rows from kv, its prefix was written by earlier steps)."""
     qkv, *_, num_kv_heads, head_dim, pool, slots = args  # qk_norm_rope's arguments, pool, slots
     if pool.shape[1:] != (2, num_kv_heads, head_dim) or pool.dtype != qkv.dtype:
         raise ValueError(
@@ -222,7 +227,7 @@ def qk_norm_rope_write(*args, kind: str = "cuda") -> tuple[mx.array, mx.array, m
     if slots.shape != (qkv.shape[0],) or slots.dtype != mx.int32:
         raise ValueError(f"qk_norm_rope_write: slots {slots.shape} need int32 [{qkv.shape[0]}]")
     q, kv = _launch(kind, *args)
-    return q, kv, pool
+    return q, kv, mx.depends(pool, kv)
 
 
 def _launch(

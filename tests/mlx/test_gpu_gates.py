@@ -120,7 +120,6 @@ def test_steps_write_the_pool_in_place(path, monkeypatch):
     """Prefill and decode steps leave each layer's pool array where it was, their new slots
     written: handles taken before a generation read its K/V after it (MLX's scatter into a pool
     the previous step still holds would have copied it, leaving the handles behind)."""
-    monkeypatch.setenv("KIPP_MLX_INPLACE_KV", "1")
     m = llm(path, dtype="bfloat16", enable_prefix_caching=False, kv_cache_memory="64MiB")
     kv = m.engine.backend.kv
     kv.reserve(kv.num_blocks - 1)  # no growth: the arrays stay the cache's own

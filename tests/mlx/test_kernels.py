@@ -59,11 +59,13 @@ def test_decode_attention_ref_matches_numpy(shape):
     np.testing.assert_allclose(got, _np_decode_attention(*host(args)), atol=2e-6, rtol=1e-5)
 
 
-def test_split_count_follows_the_context():
-    assert da.num_splits(1, 8, 2048, 32) == 4  # 64 blocks, 16 a split
+def test_split_count_fills_the_gpu():
+    assert da.num_splits(1, 8, 2048, 32) == 4  # 512 tokens a split
     assert da.num_splits(1, 8, 128, 32) == 1
-    assert da.num_splits(1, 8, 32768, 32) == 32  # 1,024 blocks: capped at AUTO_SPLITS
-    assert da.num_splits(64, 8, 2048, 32) == 4
+    assert da.num_splits(1, 8, 32768, 32) == 33  # 33 x 8 = 264 blocks
+    assert da.num_splits(4, 8, 2048, 32) == 4
+    assert da.num_splits(2, 8, 32768, 32) == 17
+    assert da.num_splits(64, 8, 2048, 32) == 1  # 512 blocks already
     assert da.num_splits(256, 8, 300, 32) == 1
 
 
@@ -222,7 +224,6 @@ def test_disabled_kernels_use_references_without_a_fallback(monkeypatch):
 
 @pytest.mark.skipif(ladder.gpu_kind() is not None, reason="checks the CPU-only fallback")
 def test_cpu_model_says_once_which_kernels_fall_back(tiny_path, caplog, monkeypatch):
-    monkeypatch.setenv("KIPP_MLX_INPLACE_KV", "1")
     with caplog.at_level(logging.WARNING, logger="kipp"):
         make_backend(tiny_path)
         make_backend(tiny_path)

@@ -50,9 +50,10 @@ def close(got, want, dtype):
     ],
 )
 @pytest.mark.parametrize("splits", [None, 1, 3])
-def test_decode_attention_matches_ref(dtype, shape, lens, splits):
+@pytest.mark.parametrize("mma", [None, False])  # the tensor-core kernel where it applies; scalar
+def test_decode_attention_matches_ref(dtype, shape, lens, splits, mma):
     args = da.probe_inputs(*shape, dtype, seed=7, lens=lens)
-    got = da.decode_attention(*args, kind=kind(), max_context=max(lens), splits=splits)
+    got = da.decode_attention(*args, kind=kind(), max_context=max(lens), splits=splits, mma=mma)
     close(got, da.decode_attention_ref(*args), dtype)
 
 
@@ -66,15 +67,18 @@ def test_qk_norm_rope_matches_ref(dtype, heads, kv_heads, head_dim):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 32), (40, 8, 128)])
 def test_qk_norm_rope_write_matches_ref_and_writes_in_place(dtype, heads, kv_heads, head_dim):
-    """q, kv and the pool equal the reference's (qk_norm_rope + MLX's scatter), and the pool
-    array passed in holds the new rows afterwards: written in place, not copied."""
+    """q, kv and the pool equal the reference's (qk_norm_rope + MLX's scatter); evaluating the
+    returned pool alone runs the write (a prefill chunk that samples nothing reads only its
+    pools), and the pool array passed in holds the new rows afterwards: written in place."""
     args = qr.write_probe_inputs(heads, kv_heads, head_dim, dtype, seed=3)
     pool, slots = args[-2], args[-1]
     before = np.array(pool.astype(mx.float32))
     got = qr.qk_norm_rope_write(*args, kind=kind())
+    mx.eval(got[2])  # q and kv not asked for
+    written = np.array(pool.astype(mx.float32))
     want = qr.qk_norm_rope_write_ref(*qr.write_probe_inputs(heads, kv_heads, head_dim, dtype, 3))
     close(got, want, dtype)
-    assert got[2] is pool
+    np.testing.assert_array_equal(written, np.array(got[2].astype(mx.float32)))
     after = np.array(pool.astype(mx.float32))
     idx = np.array(slots)
     np.testing.assert_array_equal(np.delete(after, idx, 0), np.delete(before, idx, 0))
@@ -119,7 +123,6 @@ def test_affine_gemv_matches_ref(dtype, bits, rows, config):
 def test_every_kernel_passes_its_probe_at_registry_shapes(name, monkeypatch):
     """With kernels required, choosing them at a registry shape in bf16 raises on any fallback."""
     monkeypatch.setenv("KIPP_MLX_REQUIRE_KERNELS", "1")
-    monkeypatch.setenv("KIPP_MLX_INPLACE_KV", "1")
     fastpath.clear_fallbacks()
     cfg = next(e.config for e in REGISTRY.values() if e.name == name)
     k = ladder.model_kernels(cfg, 32, mx.bfloat16)
