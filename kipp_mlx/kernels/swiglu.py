@@ -2,9 +2,9 @@
 
 `_CUDA` (with a Metal twin `_METAL`), `swiglu` (checks and launches) and `swiglu_ref` (MLX ops,
 as transformers: silu in the model dtype, then the product rounded once more). A thread takes 8
-consecutive outputs (one row's when the intermediate size is a multiple of 8; else it steps into
-the next row), finding its row with one division; the float32 math rounds where transformers'
-bf16 ops round.
+consecutive outputs (one row's when the intermediate size is a multiple of 8, read and written
+as 16-byte vectors in 16-bit dtypes on CUDA; else it steps into the next row), finding its row
+with one division; the float32 math rounds where transformers' bf16 ops round.
 """
 
 from __future__ import annotations
@@ -23,6 +23,22 @@ _CUDA = """
     if (e0 >= total) return;
     // one division a thread: with the width a multiple of 8, its 8 outputs are one row's
     size_t t = e0 / I, i = e0 % I;
+    if (sizeof(T) == 2 && I % 8 == 0) {  // then gate, up and out are 16-byte vectors
+        const uint4 gv = *reinterpret_cast<const uint4*>(gate_up + t * 2 * I + i);
+        const uint4 uv = *reinterpret_cast<const uint4*>(gate_up + t * 2 * I + I + i);
+        const T* g8 = reinterpret_cast<const T*>(&gv);
+        const T* u8 = reinterpret_cast<const T*>(&uv);
+        uint4 ov;
+        T* o8 = reinterpret_cast<T*>(&ov);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float g = static_cast<float>(g8[k]);
+            const float silu = static_cast<float>(static_cast<T>(g / (1.0f + expf(-g))));
+            o8[k] = static_cast<T>(silu * static_cast<float>(u8[k]));
+        }
+        *reinterpret_cast<uint4*>(out + e0) = ov;
+        return;
+    }
     for (int k = 0; k < 8 && e0 + k < total; k++, i++) {
         if (i == I) { t++; i = 0; }
         const float g = static_cast<float>(gate_up[t * 2 * I + i]);

@@ -98,6 +98,14 @@ def test_swiglu_matches_ref(dtype):
     close(sw.swiglu(*args, kind=kind()), sw.swiglu_ref(*args), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inter", [(300, 3072), (33, 12288)])  # 0.6B and 8B widths
+def test_swiglu_at_registry_widths(dtype, rows, inter):
+    x = np.random.default_rng(rows).standard_normal((rows, 2 * inter)).astype(np.float32) * 3
+    gate_up = mx.array(x).astype(dtype)
+    close(sw.swiglu(gate_up, kind=kind()), sw.swiglu_ref(gate_up), dtype)
+
+
 @pytest.mark.parametrize("rows,inter", [(5, 13), (1, 3), (7, 1030)])
 def test_swiglu_rows_not_a_multiple_of_eight(rows, inter):
     """A thread's 8 outputs cross into the next row when the width is not a multiple of 8."""
