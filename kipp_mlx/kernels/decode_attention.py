@@ -22,10 +22,8 @@ from kipp_mlx.kernels.decode_attention_metal import _METAL, _METAL_MERGE
 from kipp_mlx.kernels.decode_attention_mma import _CUDA_MMA, _CUDA_MMA_HEADER
 
 THREADS = 128  # 4 warps / simdgroups a block
-# A split takes about TOKENS_PER_SPLIT tokens (4 tiles a warp), and splits stop at about
-# TARGET_BLOCKS blocks (two an SM of an H200's 132). The mma kernel, 8B heads, batch 1, 1 / 2 /
-# 4 / 8 / 16 splits: 33 / 23 / 18 / 20 / 30 us at 2,048 tokens; at 32,768 best at 32 (62 us);
-# batch 4 at 2,048 flat over 2-16; batch 64 best at 1 (2026-12-03, H200).
+# A split takes ~TOKENS_PER_SPLIT tokens (4 tiles a warp), up to ~TARGET_BLOCKS blocks (two an
+# SM of an H200): the sweep's best at 2,048 / 32,768 tokens and batch 1 / 4 / 64 (BENCHMARKS.md)
 TOKENS_PER_SPLIT = 512
 TARGET_BLOCKS = 264
 MAX_SPLITS = 128  # the merge's block holds a thread a split
@@ -45,6 +43,20 @@ __device__ __forceinline__ float kipp_warp_sum(float v) {
 }
 """
 
+# block (split s, kv head, sequence b) -> this split's tokens [tok0, tok1) and b's block table;
+# both CUDA kernels start with it
+_CUDA_SPLIT = """
+    const float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
+    const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int S = gridDim.x;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int ctx = context_lens[b];
+    const int per = ((ctx + S - 1) / S + 31) / 32 * 32;  // a split's tokens: whole tiles
+    const int tok0 = s * per;
+    const int tok1 = min(ctx, tok0 + per);
+    const int* table = block_tables + (size_t)b * block_tables_shape[1];
+"""
+
 _CUDA = """
     constexpr int G = HQ / HKV;
     constexpr int NW = 4;  // warps a block
@@ -53,16 +65,7 @@ _CUDA = """
     constexpr int RPL = 32 / NDV;  // V rows the warp reads with one load
     constexpr int NR = 32 / RPL;  // V rows a lane in a tile
     constexpr int GP = (G + 3) / 4 * 4;  // a token's p's, padded to float4s
-    const float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
-    const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int S = gridDim.x;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int rsub = lane / NDV, dv = lane % NDV;
-    const int ctx = context_lens[b];
-    const int per = ((ctx + S - 1) / S + 31) / 32 * 32;  // a split's tokens: whole tiles
-    const int tok0 = s * per;
-    const int tok1 = min(ctx, tok0 + per);
-    const int* table = block_tables + (size_t)b * block_tables_shape[1];
 
     __shared__ __align__(16) float qs[G][D];
     __shared__ __align__(16) float ps[NW][32][GP];
@@ -73,21 +76,15 @@ _CUDA = """
         qs[g][d] = static_cast<float>(q[((size_t)b * HQ + kvh * G + g) * D + d]) * scale[0];
     }
     __syncthreads();
-    float m[G], l[G], acc[G][VEC];
+    float m[G], l[G] = {}, acc[G][VEC] = {};
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        m[g] = NEG_INF;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < VEC; i++) acc[g][i] = 0.0f;
-    }
+    for (int g = 0; g < G; g++) m[g] = NEG_INF;
 
     for (int c = tok0 + warp * 32; c < tok1; c += NW * 32) {  // warp-uniform: no divergence
         const int t = c + lane;
         const bool live = t < tok1;  // lane 0's token always is
         const int slot = live ? table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE : 0;
-        uint4 kr[NDV];
-        uint4 vr[NR];
+        uint4 kr[NDV], vr[NR];
         const uint4 zero = make_uint4(0, 0, 0, 0);
         const T* krow = kv_pool + ((size_t)slot * 2 * HKV + kvh) * D;
         const uint4* kp = reinterpret_cast<const uint4*>(krow);
@@ -102,9 +99,7 @@ _CUDA = """
             vr[r] = c + tr < tok1 ? *reinterpret_cast<const uint4*>(
                 kv_pool + (((size_t)sr * 2 + 1) * HKV + kvh) * D + dv * VEC) : zero;
         }
-        float sc[G];
-#pragma unroll
-        for (int g = 0; g < G; g++) sc[g] = 0.0f;
+        float sc[G] = {};
 #pragma unroll
         for (int i = 0; i < NDV; i++) {
             const T* e = reinterpret_cast<const T*>(&kr[i]);
@@ -225,31 +220,37 @@ _CUDA_MERGE = """
 """
 
 _INPUTS = ["q", "kv_pool", "block_tables", "context_lens", "scale"]
+_SIGNATURES = {  # kernel -> (name, inputs, outputs)
+    "attention": ("kipp_decode_attention", _INPUTS, ["out", "ml"]),
+    "mma": ("kipp_decode_attention_mma", _INPUTS, ["out", "ml"]),
+    "merge": ("kipp_attn_merge", ["o_part", "ml"], ["out"]),
+}
 _built: dict[tuple[str, str], object] = {}
 _scales: dict[float, mx.array] = {}  # one device scalar a scale, not one upload a call
 
 
+def source(kind: str, which: str) -> tuple[str, str]:
+    """(body, header) of kernel `which` (a key of _SIGNATURES) for `kind`."""
+    if kind == "metal":
+        return (_METAL_MERGE if which == "merge" else _METAL), ""
+    if which == "merge":
+        return _CUDA_MERGE, _CUDA_HEADER
+    if which == "mma":
+        return _CUDA_SPLIT + _CUDA_MMA + _CUDA_WARP_MERGE, _CUDA_HEADER + _CUDA_MMA_HEADER
+    return _CUDA_SPLIT + _CUDA + _CUDA_WARP_MERGE, _CUDA_HEADER
+
+
 def _kernel(kind: str, which: str):
-    """The compiled kernel object (`which`: "attention", "mma" or "merge") for `kind`."""
-    key = (kind, which)
-    if key not in _built:
+    """The compiled kernel object `which` for `kind`."""
+    if (kind, which) not in _built:
+        src, header = source(kind, which)
         make = mx.fast.metal_kernel if kind == "metal" else mx.fast.cuda_kernel
-        metal = kind == "metal"
-        if which == "merge":
-            src = _METAL_MERGE if metal else _CUDA_MERGE
-            kw = {} if metal else {"header": _CUDA_HEADER}
-            _built[key] = make("kipp_attn_merge", ["o_part", "ml"], ["out"], src, **kw)
-        elif which == "mma":
-            src, kw = _CUDA_MMA + _CUDA_WARP_MERGE, {"header": _CUDA_HEADER + _CUDA_MMA_HEADER}
-            _built[key] = make("kipp_decode_attention_mma", _INPUTS, ["out", "ml"], src, **kw)
-        else:
-            src = _METAL if metal else _CUDA + _CUDA_WARP_MERGE
-            kw = {} if metal else {"header": _CUDA_HEADER}
-            _built[key] = make("kipp_decode_attention", _INPUTS, ["out", "ml"], src, **kw)
-    return _built[key]
+        kw = {"header": header} if header else {}
+        _built[kind, which] = make(*_SIGNATURES[which], src, **kw)
+    return _built[kind, which]
 
 
-def num_splits(batch: int, num_kv_heads: int, max_context: int, block_size: int = 0) -> int:
+def num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
     """Splits of each sequence's context: one for every TOKENS_PER_SPLIT tokens of the longest
     context, no more than fill TARGET_BLOCKS blocks, at most MAX_SPLITS."""
     by_len = -(-max_context // TOKENS_PER_SPLIT)
@@ -293,12 +294,12 @@ def decode_attention(
         raise ValueError(
             f"decode_attention needs a pool [slots, 2, Hkv, D] of q's dtype, int32 tables and "
             f"lengths, Hq a multiple of Hkv (at most 8 times), and 32 a multiple of D / (16 / "
-            f"itemsize); got q "
-            f"{q.shape} {q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}, blocks of {block_size}"
+            f"itemsize); got q {q.shape} {q.dtype}, pool {kv_pool.shape} {kv_pool.dtype}, blocks "
+            f"of {block_size}"
         )
     if max_context is None:
         max_context = block_tables.shape[1] * block_size
-    S = min(splits or num_splits(B, HKV, max_context, block_size), MAX_SPLITS)  # merge: <= 128
+    S = min(splits or num_splits(B, HKV, max_context), MAX_SPLITS)  # merge: <= 128
     out_dtype = q.dtype if S == 1 else mx.float32
     if scale not in _scales:
         _scales[scale] = mx.array([scale], dtype=mx.float32)

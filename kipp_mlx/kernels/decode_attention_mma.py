@@ -40,6 +40,7 @@ __device__ __forceinline__ uint32_t kipp_pair(uint32_t x, uint32_t y, bool odd) 
 }
 """
 
+# after decode_attention's _CUDA_SPLIT (the block's split, tokens and table)
 _CUDA_MMA = """
     constexpr int G = HQ / HKV;  // <= 8: the mma's n
     constexpr int NW = 4;
@@ -48,17 +49,8 @@ _CUDA_MMA = """
     constexpr int VL = D / 8;  // a lane's V dims
     constexpr int NK = DL / 8;  // 16-byte vectors of them
     constexpr int NV = VL / 8;
-    const float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int S = gridDim.x;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
-    const int ctx = context_lens[b];
-    const int per = ((ctx + S - 1) / S + 31) / 32 * 32;
-    const int tok0 = s * per;
-    const int tok1 = min(ctx, tok0 + per);
-    const int* table = block_tables + (size_t)b * block_tables_shape[1];
     const float qscale = scale[0];
 
     __shared__ __align__(16) T ps[NW][8][32];

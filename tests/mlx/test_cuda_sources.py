@@ -31,11 +31,13 @@ def cases():
                 "",
                 [("T", t), ("BITS", bits), ("MM", 3), ("ROWS", 2), ("WARPS", 4), ("UNROLL", 4)],
             )
-        for hq, hkv in ((16, 8), (64, 8)) if wide else ((32, 8),):
+        variants = ("attention", "mma") if wide else ("attention",)  # mma: 16-bit only
+        heads = ((16, 8), (64, 8)) if wide else ((32, 8),)
+        for which, (hq, hkv) in itertools.product(variants, heads):
             for direct in (True, False) if wide else (False,):
                 ot = t if direct else "float32"
                 yield (
-                    f"decode_attention-{t}-{hq}-{direct}",
+                    f"decode_{which}-{t}-{hq}-{direct}",
                     [
                         ("q", t),
                         ("kv_pool", t),
@@ -44,8 +46,7 @@ def cases():
                         ("scale", "float32"),
                     ],
                     [("out", ot), ("ml", "float32")],
-                    da._CUDA,
-                    da._CUDA_HEADER,
+                    *da.source("cuda", which),
                     [
                         ("T", t),
                         ("D", 128),
@@ -54,6 +55,7 @@ def cases():
                         ("BLOCK_SIZE", 32),
                         ("DIRECT", direct),
                         ("OT", ot),
+                        ("BF16", t == "bfloat16"),
                     ],
                 )
         for d, write in itertools.product((32, 128) if wide else (128,), (False, True)):
@@ -87,8 +89,7 @@ def cases():
                 "merge",
                 [("o_part", "float32"), ("ml", "float32")],
                 [("out", t)],
-                da._CUDA_MERGE,
-                da._CUDA_HEADER,  # as _kernel builds it: the warp reductions
+                *da.source("cuda", "merge"),  # as _kernel builds it: the warp reductions
                 [("T", t)],
             )
             yield ("swiglu", [("gate_up", t)], [("out", t)], sw._CUDA, "", [("T", t)])

@@ -60,13 +60,13 @@ def test_decode_attention_ref_matches_numpy(shape):
 
 
 def test_split_count_fills_the_gpu():
-    assert da.num_splits(1, 8, 2048, 32) == 4  # 512 tokens a split
-    assert da.num_splits(1, 8, 128, 32) == 1
-    assert da.num_splits(1, 8, 32768, 32) == 33  # 33 x 8 = 264 blocks
-    assert da.num_splits(4, 8, 2048, 32) == 4
-    assert da.num_splits(2, 8, 32768, 32) == 17
-    assert da.num_splits(64, 8, 2048, 32) == 1  # 512 blocks already
-    assert da.num_splits(256, 8, 300, 32) == 1
+    assert da.num_splits(1, 8, 2048) == 4  # 512 tokens a split
+    assert da.num_splits(1, 8, 128) == 1
+    assert da.num_splits(1, 8, 32768) == 33  # 33 x 8 = 264 blocks
+    assert da.num_splits(4, 8, 2048) == 4
+    assert da.num_splits(2, 8, 32768) == 17
+    assert da.num_splits(64, 8, 2048) == 1  # 512 blocks already
+    assert da.num_splits(256, 8, 300) == 1
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 32), (6, 2, 64)])
